@@ -1,0 +1,1 @@
+"""Models and data behind the bundled example recipes (recipes/)."""

@@ -1,0 +1,149 @@
+"""Recipes -> a graph of nodes: one file artifact each, identical nodes merged. Names, configs and paths only.
+
+Every node's up-to-date key is computed here (`Node.key`): its stage, the slice of the recipe it uses and the
+toolchain versions; the contents of its input files are tracked by doit as file dependencies.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mobilebuild import backends, toolchain
+from mobilebuild.errors import MobileBuildError, RecipeErrors
+
+ARTIFACTS_DIR = "artifacts"
+
+# Stage order, for listing and documentation; each is a doit task group.
+STAGES = ("train", "checkpoint", "fuse", "quantize", "script", "optimize", "manifest")
+
+
+@dataclass(frozen=True)
+class Node:
+    stage: str
+    name: str  # unique within its stage; the doit task is "<stage>:<name>"
+    recipe: str
+    recipe_file: str
+    config: dict  # the part of the recipe this node uses, JSON-able
+    inputs: dict  # role -> output path of an upstream node
+    output: str
+    files: tuple = ()  # files from outside the graph that the node reads
+    describes: dict = field(default_factory=dict)  # backend/runtime, for the manifest
+
+    @property
+    def task_name(self):
+        return f"{self.stage}:{self.name}"
+
+    def key(self):
+        return {"stage": self.stage, "config": self.config, "toolchain": toolchain.versions()}
+
+    def dependencies(self):
+        return [*self.inputs.values(), *self.files]
+
+
+def _source_files(root, *specs):
+    """The repository files behind 'package.module:function' specs that live in the repository, found without
+    importing anything, so that editing a factory rebuilds what it made."""
+    found = []
+    for spec in filter(None, specs):
+        module = spec.split(":")[0].split(".")
+        for candidate in (Path(root, *module).with_suffix(".py"), Path(root, *module, "__init__.py")):
+            if candidate.is_file():
+                found.append(candidate.relative_to(root).as_posix())
+                break
+    return tuple(found)
+
+
+def _files_below(directory, root):
+    return sorted(p.relative_to(root).as_posix() for p in Path(root, directory).rglob("*") if p.is_file())
+
+
+def _model_source(model):
+    keys = ("torchvision", "quantizable", "factory", "kwargs")
+    return {k: model[k] for k in keys if k in model}
+
+
+def recipe_nodes(recipe, root):
+    """The nodes one recipe needs, in dependency order."""
+    out = f"{ARTIFACTS_DIR}/{recipe.name}"
+    source = _model_source(recipe.model)
+    source_files = _source_files(root, recipe.model.get("factory"))
+    common = {"recipe": recipe.name, "recipe_file": recipe.file}
+    nodes = []
+
+    weights = {}
+    if "train" in recipe.model:
+        train = recipe.model["train"]
+        node = Node("train", recipe.name, config={"model": source, "seed": recipe.model["seed"], "train": train,
+                                                  "input": recipe.input},
+                    inputs={}, output=f"{out}/trained.pt",
+                    files=_source_files(root, recipe.model.get("factory"), train["function"]), **common)
+        nodes.append(node)
+        weights = {"weights": node.output}
+    if "checkpoint" in recipe.model:
+        weights = {"weights": recipe.model["checkpoint"]}
+    checkpoint = Node("checkpoint", recipe.name,
+                      config={"model": source, "seed": recipe.model["seed"],
+                              "batchnorm_stats": recipe.model["batchnorm_stats"], "input": recipe.input},
+                      inputs=weights,
+                      output=f"{out}/checkpoint.pt", files=source_files, **common)
+    fused = Node("fuse", recipe.name, config={"model": source, "fuse": recipe.fuse, "input": recipe.input},
+                 inputs={"checkpoint": checkpoint.output}, output=f"{out}/fused.pt", files=source_files, **common)
+    nodes += [checkpoint, fused]
+
+    problems = []
+    for target in recipe.targets:
+        try:
+            route = backends.route_for(target, recipe.file)
+        except MobileBuildError as exc:
+            problems.append(exc)
+            continue
+        model_inputs = {"model": fused.output}
+        if route.precision == "int8":
+            calibration = recipe.quantize["calibration"]
+            files = ()
+            if calibration["source"] == "images":
+                files = tuple(_files_below(calibration["path"], root))
+                if not files:
+                    problems.append(MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
+                                                     file=recipe.file, field="quantize.calibration.path"))
+                    continue
+            elif calibration["source"] == "function":
+                files = _source_files(root, calibration["function"])
+            quantized = Node("quantize", f"{recipe.name}-{route.engine}",
+                             config={"engine": route.engine, "calibration": calibration, "input": recipe.input},
+                             inputs={"model": fused.output}, output=f"{out}/quantized-{route.engine}.pt",
+                             files=files, **common)
+            nodes.append(quantized)
+            model_inputs["quantized"] = quantized.output
+        scripted = Node("script", f"{recipe.name}-{route.precision_tag}",
+                        config={"mode": recipe.script, "precision": route.precision, "engine": route.engine,
+                                "input": recipe.input},
+                        inputs=model_inputs, output=f"{out}/scripted-{route.precision_tag}.pt", **common)
+        nodes.append(scripted)
+        nodes.append(Node(route.final_stage, f"{recipe.name}-{target.id}",
+                          config={"backend": route.backend, "engine": route.engine, "options": target.optimize,
+                                  "script_mode": recipe.script, "input": recipe.input},
+                          inputs={"scripted": scripted.output}, output=f"{out}/{recipe.name}-{target.id}{route.suffix}",
+                          describes={"backend": route.backend, "runtime": route.runtime, "target": target.id},
+                          **common))
+    if problems:
+        raise RecipeErrors(problems)
+
+    merged = list({node.task_name: node for node in nodes}.values())
+    described = [{"stage": n.stage, "path": n.output, **n.describes} for n in merged]
+    manifest = Node("manifest", recipe.name,
+                    config={"recipe": recipe.name, "recipe_sha256": recipe.sha256, "artifacts": described},
+                    inputs={n.task_name: n.output for n in merged}, output=f"{out}/manifest.json", **common)
+    return merged + [manifest]
+
+
+def build(recipes, root):
+    """All nodes of all recipes; raises RecipeErrors with every problem found."""
+    nodes, problems = [], []
+    for recipe in recipes:
+        try:
+            nodes.extend(recipe_nodes(recipe, root))
+        except RecipeErrors as exc:
+            problems.extend(exc.errors)
+    if problems:
+        raise RecipeErrors(problems)
+    return nodes

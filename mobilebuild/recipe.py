@@ -1,0 +1,225 @@
+"""Recipe files: YAML in, validated against recipe.schema.json, defaults applied, paths resolved.
+
+Everything here is plain data; nothing imports torch.
+"""
+
+import copy
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mobilebuild.errors import MobileBuildError, RecipeErrors
+
+SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
+RECIPE_DIR = "recipes"
+RECIPE_SUFFIXES = (".yaml", ".yml")
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str
+    backend: str
+    runtime: str
+    optimize: dict
+    index: int  # position in `targets`, for error messages
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    file: str  # relative to the repository root, POSIX
+    sha256: str
+    model: dict
+    input: dict
+    fuse: object
+    quantize: dict
+    script: str
+    targets: tuple = field(default_factory=tuple)
+
+
+@functools.lru_cache(maxsize=None)
+def schema():
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _validator():
+    import jsonschema  # imported on first use: it is the slowest import of task loading
+
+    return jsonschema.Draft202012Validator(schema())
+
+
+def field_path(parts):
+    """['targets', 1, 'backend'] -> 'targets[1].backend'."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _describe(error):
+    """One line saying what was expected, in the user's terms rather than JSON Schema's."""
+    kind, expected = error.validator, error.validator_value
+    if kind == "enum":
+        return f"expected one of {', '.join(map(json.dumps, expected))}, got {json.dumps(error.instance)}"
+    if kind == "const":
+        return f"expected {json.dumps(expected)}, got {json.dumps(error.instance)}"
+    if kind == "type":
+        return f"expected {expected}, got {type(error.instance).__name__} {json.dumps(error.instance, default=str)}"
+    if kind == "required":
+        missing = [key for key in expected if key not in error.instance]
+        return f"missing required key {', '.join(map(repr, missing))}"
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed))
+        return f"unknown key {', '.join(map(repr, unknown))} (allowed: {', '.join(allowed)})"
+    if kind == "pattern":
+        return f"expected a value matching {expected}, got {json.dumps(error.instance)}"
+    if kind == "oneOf" and error.schema is schema()["properties"]["model"]:
+        return "expected exactly one model source: 'torchvision' or 'factory'"
+    if kind == "not" and error.schema is schema()["properties"]["model"]:
+        return "'checkpoint' and 'train' are exclusive: the weights come from one of them"
+    if kind == "oneOf" and error.schema is schema()["properties"]["fuse"]:
+        return "expected 'auto', false, or a list of module-name lists like [[conv, bn, relu]]"
+    return error.message
+
+
+def _apply_defaults(node_schema, instance):
+    """Fill in the schema's declared defaults, so the schema stays the one source of truth for them."""
+    if not isinstance(instance, dict):
+        if isinstance(instance, list) and "items" in node_schema:
+            for item in instance:
+                _apply_defaults(node_schema["items"], item)
+        return
+    for key, sub in node_schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _apply_defaults(sub, instance[key])
+
+
+def parse(text, file):
+    """YAML text -> validated dict with defaults. Raises RecipeErrors listing every problem."""
+    try:
+        data = yaml.load(text, Loader=_YAML_LOADER)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeErrors([MobileBuildError(f"invalid YAML: {problem}", file=file, field=where)]) from None
+    if not isinstance(data, dict):
+        raise RecipeErrors([MobileBuildError("expected a mapping with name, model, input and targets", file=file)])
+    errors = sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    if errors:
+        raise RecipeErrors(
+            MobileBuildError(_describe(e), file=file, field=field_path(e.absolute_path) or "(top level)")
+            for e in errors
+        )
+    _apply_defaults(schema(), data)
+    return data
+
+
+def _repo_path(value, recipe_file, root, where, must_exist=True):
+    """Resolve a recipe-relative path; it must stay inside the repository (symlinks included)."""
+    candidate = Path(value)
+    if candidate.is_absolute():
+        raise MobileBuildError(f"expected a path relative to the recipe, got absolute path {value!r}",
+                               file=recipe_file, field=where)
+    resolved = ((root / recipe_file).parent / candidate).resolve()
+    try:
+        relative = resolved.relative_to(root.resolve())
+    except ValueError:
+        raise MobileBuildError(f"path {value!r} leaves the repository", file=recipe_file, field=where) from None
+    if must_exist and not resolved.exists():
+        raise MobileBuildError(f"{value!r} does not exist", file=recipe_file, field=where)
+    return relative.as_posix()
+
+
+def _target_id(target):
+    if "name" in target:
+        return target["name"]
+    runtime = target.get("runtime")
+    return target["backend"] if runtime is None else f"{target['backend']}-{runtime}"
+
+
+def load(path, root):
+    """Read, validate and resolve one recipe file. `path` may be absolute or relative to `root`."""
+    root = Path(root)
+    path = Path(path)
+    full = path if path.is_absolute() else root / path
+    try:
+        file = full.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        file = str(path)
+    try:
+        raw = full.read_bytes()
+    except OSError as exc:
+        raise RecipeErrors([MobileBuildError(f"cannot read recipe: {exc.strerror}", file=file)]) from None
+    data = parse(raw, file)
+
+    problems = []
+    model = data["model"]
+    if "checkpoint" in model:
+        try:
+            model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
+        except MobileBuildError as exc:
+            problems.append(exc)
+    calibration = data["quantize"]["calibration"]
+    if calibration["source"] == "images":
+        try:
+            calibration["path"] = _repo_path(calibration["path"], file, root, "quantize.calibration.path")
+        except MobileBuildError as exc:
+            problems.append(exc)
+
+    targets, seen = [], {}
+    for index, entry in enumerate(data["targets"]):
+        target_id = _target_id(entry)
+        if target_id in seen:
+            problems.append(MobileBuildError(
+                f"duplicate target id {target_id!r} (also targets[{seen[target_id]}]); give one a distinct 'name'",
+                file=file, field=f"targets[{index}]"))
+        seen[target_id] = index
+        targets.append(Target(id=target_id, backend=entry["backend"], runtime=entry.get("runtime"),
+                              optimize=entry["optimize"], index=index))
+    if problems:
+        raise RecipeErrors(problems)
+
+    return Recipe(
+        name=data["name"], file=file, sha256=hashlib.sha256(raw).hexdigest(), model=model,
+        input=data["input"], fuse=data["fuse"], quantize=data["quantize"], script=data["script"],
+        targets=tuple(targets),
+    )
+
+
+def discover(root):
+    """Every recipe file below `root/recipes`, in a stable order."""
+    base = Path(root) / RECIPE_DIR
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.rglob("*") if p.suffix in RECIPE_SUFFIXES and p.is_file())
+
+
+def load_all(root, paths=None):
+    """Load every recipe (or the given ones); collect all problems, including duplicate names."""
+    root = Path(root)
+    recipes, problems, names = [], [], {}
+    for path in (paths if paths is not None else discover(root)):
+        try:
+            recipe = load(path, root)
+        except RecipeErrors as exc:
+            problems.extend(exc.errors)
+            continue
+        if recipe.name in names:
+            problems.append(MobileBuildError(
+                f"duplicate recipe name {recipe.name!r} (also in {names[recipe.name]})", file=recipe.file, field="name"))
+            continue
+        names[recipe.name] = recipe.file
+        recipes.append(recipe)
+    if problems:
+        raise RecipeErrors(problems)
+    return recipes

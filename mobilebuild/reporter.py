@@ -1,0 +1,17 @@
+"""doit's console reporter, with user mistakes shown as one line on stderr instead of a failure dump."""
+
+import sys
+
+from doit.exceptions import TaskError
+from doit.reporter import ConsoleReporter
+
+
+class Reporter(ConsoleReporter):
+    desc = "console output; recipe mistakes as one line each"
+
+    def _write_failure(self, result, write_exception=True):
+        failure = result["exception"]
+        if isinstance(failure, TaskError):  # an unexpected exception: keep doit's traceback, it is a bug
+            return super()._write_failure(result, write_exception)
+        sys.stderr.write(f"ERROR: {result['task'].name}: {failure.message.strip()}\n")
+        return None

@@ -1,0 +1,125 @@
+"""What several stages share: building the recipe's model, its example input, and reading artifacts back."""
+
+import importlib
+import pickle
+import zipfile
+
+import torch
+
+from mobilebuild.errors import MobileBuildError
+
+DTYPES = {"float32": torch.float32}
+
+
+def first_line(exc):
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def resolve_callable(spec, field):
+    """'package.module:attr.path' -> the object, or a clear error for the recipe field that named it."""
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        target = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MobileBuildError(f"cannot import module {module_name!r}: {first_line(exc)}", field=field) from None
+    for attr in attr_path.split("."):
+        try:
+            target = getattr(target, attr)
+        except AttributeError:
+            raise MobileBuildError(f"module {module_name!r} has no attribute {attr_path!r}", field=field) from None
+    if not callable(target):
+        raise MobileBuildError(f"{spec!r} is not callable", field=field)
+    return target
+
+
+def build_model(source, seed):
+    """A freshly initialised model from the recipe's `model` source, seeded, in eval mode."""
+    torch.manual_seed(seed)
+    kwargs = dict(source.get("kwargs", {}))
+    if "torchvision" in source:
+        import torchvision
+
+        namespace = torchvision.models.quantization if source.get("quantizable") else torchvision.models
+        builder = getattr(namespace, source["torchvision"], None)
+        where = "torchvision.models.quantization" if source.get("quantizable") else "torchvision.models"
+        if builder is None or not callable(builder):
+            raise MobileBuildError(f"{where} has no model builder {source['torchvision']!r}", field="model.torchvision")
+        kwargs.setdefault("weights", None)  # no downloads at build time: weights come from a checkpoint
+        field, name = "model.torchvision", f"{where}.{source['torchvision']}"
+    else:
+        builder = resolve_callable(source["factory"], field="model.factory")
+        field, name = "model.factory", source["factory"]
+    try:
+        model = builder(**kwargs)
+    except Exception as exc:  # a user's factory may raise anything; report it as their error
+        raise MobileBuildError(f"{name}(**kwargs) raised {type(exc).__name__}: {first_line(exc)}",
+                               field=field) from None
+    if not isinstance(model, torch.nn.Module):
+        raise MobileBuildError(f"{name} returned {type(model).__name__}, expected a torch.nn.Module", field=field)
+    return model.eval()
+
+
+def example_input(input_config, seed=0, batch=None):
+    shape = list(input_config["shape"])
+    if batch is not None:
+        shape[0] = batch
+    generator = torch.Generator().manual_seed(seed)
+    tensor = torch.randn(shape, generator=generator, dtype=DTYPES[input_config["dtype"]])
+    if input_config["memory_format"] == "channels_last" and tensor.dim() == 4:
+        tensor = tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
+
+
+def load_state_dict_file(path, field):
+    """Read a state_dict with weights_only=True: a checkpoint carrying code is refused, never executed."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise MobileBuildError(
+            f"{path} was refused: it is not a plain state_dict of tensors (weights-only load: "
+            f"{first_line(exc)})", field=field) from None
+    except (EOFError, RuntimeError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint (empty or truncated?): "
+                               f"{first_line(exc)}", field=field) from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise MobileBuildError(f"{path} holds a {type(state).__name__}, expected a state_dict "
+                               "(a mapping of parameter names to tensors)", field=field)
+    return state
+
+
+def load_weights(model, path, field):
+    state = load_state_dict_file(path, field)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                  for k in own if k in state and state[k].shape != own[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_few(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatch {_few(mismatched)}")
+    if problems:
+        raise MobileBuildError(f"{path} does not match the model: {'; '.join(problems)}", field=field)
+    model.load_state_dict(state)
+    return model
+
+
+def _few(items, limit=3):
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def save_module(module, path):
+    """Intermediate artifacts between eager stages are whole pickled modules (their structure changes along
+    the way: fused, observed, quantized). They are only ever read back by this package's own stages."""
+    torch.save(module, path)
+
+
+def load_module(path):
+    return torch.load(path, map_location="cpu", weights_only=False).eval()
