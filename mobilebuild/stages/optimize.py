@@ -13,7 +13,7 @@ def has_batch_norm(scripted):
 
 
 def blocklist_for(options, script_mode, scripted):
-    blocklist = {MobileOptimizerType[name] for name in options["blocklist"]}
+    blocklist = {getattr(MobileOptimizerType, name) for name in options["blocklist"]}
     if script_mode == "trace" and has_batch_norm(scripted):
         # pytorch/pytorch#76807: on traced modules CONV_BN_FUSION drops the bias of Conv(bias=False)-BN. The fuse
         # stage folds batch norm after convolutions, so one left here is one it could not see: keep it unfolded.

@@ -1,0 +1,121 @@
+"""The doit graph, driven by real doit: what runs, what does not, and what a failure leaves behind."""
+
+import json
+import os
+
+from conftest import tiny_recipe
+
+from mobilebuild import store
+
+ALL_TASKS = sorted([
+    "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
+    "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "manifest:tiny",
+])
+
+
+def test_build_then_nothing_to_do(project):
+    project.write_recipe(tiny_recipe())
+    assert project.doit() == ALL_TASKS
+    assert project.doit() == []
+    assert project.artifact("tiny/tiny-xnnpack.ptl").stat().st_size > 0
+
+
+def test_touching_without_changing_rebuilds_nothing(project):
+    recipe_file = project.write_recipe(tiny_recipe())
+    project.doit()
+    for path in [recipe_file, project.root / "tinynet.py", *project.artifact("tiny").iterdir()]:
+        os.utime(path, (path.stat().st_atime + 100, path.stat().st_mtime + 100))
+    assert project.doit() == []
+
+
+def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
+    project.write_recipe(tiny_recipe())
+    project.doit()
+    changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 3, "seed": 0}})
+    project.write_recipe(changed)
+    assert project.doit() == ["manifest:tiny", "optimize:tiny-qnnpack", "quantize:tiny-qnnpack",
+                              "script:tiny-int8-qnnpack"]
+
+
+def test_changing_one_targets_blocklist_rebuilds_that_target_alone(project):
+    project.write_recipe(tiny_recipe())
+    project.doit()
+    targets = [{"backend": "xnnpack", "optimize": {"blocklist": ["FUSE_ADD_RELU"]}}, {"backend": "qnnpack"}]
+    project.write_recipe(tiny_recipe(targets=targets))
+    assert project.doit() == ["manifest:tiny", "optimize:tiny-xnnpack"]
+
+
+def test_changing_the_factory_source_rebuilds_from_the_checkpoint(project):
+    project.write_recipe(tiny_recipe())
+    project.doit()
+    factory = project.root / "tinynet.py"
+    factory.write_text(factory.read_text() + "\n# a comment still changes the source\n")
+    assert "checkpoint:tiny" in project.doit()
+
+
+def test_one_chain_builds_alone(project):
+    project.write_recipe(tiny_recipe())
+    assert project.doit("optimize:tiny-xnnpack") == [
+        "checkpoint:tiny", "fuse:tiny", "optimize:tiny-xnnpack", "script:tiny-fp32"]
+
+
+def test_listing_and_up_to_date_runs_never_import_torch(project, poisoned_torch):
+    project.write_recipe(tiny_recipe())
+    listed = project.run("list", env=poisoned_torch)
+    assert listed.returncode == 0, listed.stderr
+    assert "optimize:tiny-xnnpack" in listed.stdout
+    project.doit()
+    idle = project.run(env=poisoned_torch)
+    assert idle.returncode == 0, idle.stdout + idle.stderr
+    assert "-- optimize:tiny-xnnpack" in idle.stdout
+    assert "torch was imported" not in idle.stdout + idle.stderr
+
+
+def test_manifest_lists_every_file_with_hash_and_size(project):
+    recipe_file = project.write_recipe(tiny_recipe())
+    project.doit()
+    manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
+    assert manifest["recipe"] == "tiny"
+    assert manifest["recipe_sha256"] == store.sha256_file(recipe_file)
+    assert set(manifest["toolchain"]) >= {"python", "torch", "torchvision", "mobilebuild"}
+    by_path = {entry["path"]: entry for entry in manifest["artifacts"]}
+    assert set(by_path) == {p.relative_to(project.root / "artifacts").as_posix()
+                            for p in project.artifact("tiny").iterdir() if p.name != "manifest.json"}
+    for path, entry in by_path.items():
+        assert entry["sha256"] == store.sha256_file(project.artifact(path))
+        assert entry["bytes"] == project.artifact(path).stat().st_size
+    assert by_path["tiny/tiny-qnnpack.ptl"]["backend"] == "qnnpack"
+    assert by_path["tiny/tiny-qnnpack.ptl"]["runtime"] == "pytorch-mobile"
+    assert by_path["tiny/tiny-qnnpack.ptl"]["stage"] == "optimize"
+
+
+def test_a_bad_checkpoint_fails_in_one_line_and_leaves_no_artifact(project):
+    (project.root / "weights.pt").write_bytes(b"not a checkpoint")
+    recipe = tiny_recipe()
+    recipe["model"]["checkpoint"] = "../weights.pt"
+    project.write_recipe(recipe)
+    result = project.run()
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1
+    assert errors[0].startswith("ERROR: checkpoint:tiny: recipes/tiny.yaml: model.checkpoint: ")
+    assert not [p for p in (project.root / "artifacts").rglob("*") if p.is_file()]
+
+
+def test_an_invalid_recipe_stops_loading_with_one_line_per_problem(project):
+    project.write_recipe({"name": "tiny", "model": {"factory": "tinynet:make"}, "input": {"shape": [1, 3, 8, 8]},
+                          "targets": [{"backend": "xnnpak"}], "colour": "blue"})
+    result = project.run("list")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert "recipes/tiny.yaml: targets[0].backend: expected one of" in result.stderr
+    assert "recipes/tiny.yaml: (top level): unknown key 'colour'" in result.stderr
+
+
+def test_clean_removes_every_artifact(project):
+    project.write_recipe(tiny_recipe())
+    project.doit()
+    result = project.run("clean")
+    assert result.returncode == 0, result.stderr
+    assert not (project.root / "artifacts").exists()
