@@ -1,8 +1,10 @@
 """The doit graph, driven by real doit: what runs, what does not, and what a failure leaves behind."""
 
+import importlib
 import json
 import os
 
+import pytest
 from conftest import tiny_recipe
 
 from mobilebuild import store
@@ -119,3 +121,25 @@ def test_clean_removes_every_artifact(project):
     result = project.run("clean")
     assert result.returncode == 0, result.stderr
     assert not (project.root / "artifacts").exists()
+
+
+@pytest.mark.parametrize("mode", ["trace", "script"])
+def test_built_ptl_files_match_the_eager_model(project, mode, monkeypatch):
+    import torch
+    from torch.jit.mobile import _load_for_lite_interpreter
+
+    from mobilebuild.metrics import sqnr_db
+
+    project.write_recipe(tiny_recipe(script=mode))
+    project.doit()
+    monkeypatch.syspath_prepend(str(project.root))
+    model = importlib.import_module("tinynet").make()
+    model.load_state_dict(torch.load(project.artifact("tiny/checkpoint.pt")))
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        reference = model.eval()(x)
+    torch.backends.quantized.engine = "qnnpack"
+    fp32 = _load_for_lite_interpreter(str(project.artifact("tiny/tiny-xnnpack.ptl")))
+    int8 = _load_for_lite_interpreter(str(project.artifact("tiny/tiny-qnnpack.ptl")))
+    assert sqnr_db(reference, fp32(x)) > 80.0
+    assert sqnr_db(reference, int8(x)) > 15.0

@@ -76,9 +76,13 @@ def load_state_dict_file(path, field):
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise MobileBuildError(
-            f"{path} was refused: it is not a plain state_dict of tensors (weights-only load: "
-            f"{first_line(exc)})", field=field) from None
+        # torch's message is a paragraph; the line that names the offending global or opcode is the useful one
+        detail = next((line for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line), "")
+        if "GLOBAL" in detail:
+            raise MobileBuildError(f"{path} was refused: it carries code, not only tensors ({detail.strip()}); "
+                                   "checkpoints are loaded weights-only", field=field) from None
+        raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint ({detail.strip() or 'corrupt'})",
+                               field=field) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, ValueError, OSError) as exc:
         raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint (empty or truncated?): "
                                f"{first_line(exc)}", field=field) from None

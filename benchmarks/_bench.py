@@ -1,0 +1,77 @@
+"""What both benchmarks share: timing a command as a subprocess (wall time and its own peak RSS), interleaved
+repeats, medians, a plain table and the PASS/FAIL line."""
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+@dataclass
+class Run:
+    seconds: float
+    peak_rss_mb: float
+    returncode: int
+    output: str
+
+
+def measure(cmd, cwd, env=None):
+    """Run `cmd` to completion. Output goes to a file rather than a pipe so reading it never paces the child;
+    wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would be the maximum over every child so far)."""
+    with tempfile.TemporaryFile() as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    return Run(seconds, usage.ru_maxrss / 1024, proc.returncode, output)
+
+
+def interleave(contenders, repeats, check=None):
+    """{name: zero-argument callable returning a Run} -> {name: [Run, ...]}. The order flips every round so
+    that neither contender always runs right after the other (caches, CPU frequency)."""
+    runs = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_ in range(repeats):
+        for name in names if round_ % 2 == 0 else reversed(names):
+            run = contenders[name]()
+            if check:
+                check(name, run)
+            runs[name].append(run)
+            print(f"  round {round_ + 1}/{repeats} {name}: {run.seconds:.3f} s", flush=True)
+    return runs
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def table(header, rows):
+    """Print rows of cells as aligned columns; the first column is left-aligned, the others right-aligned."""
+    rows = [header, *rows]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    for row in rows:
+        cells = [str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells).rstrip())
+
+
+def verdict(ok, message):
+    print(f"{'PASS' if ok else 'FAIL'}: {message}")
+    return 0 if ok else 1
+
+
+def fail(message, run=None):
+    """Stop the benchmark: a contender that fails or does the wrong work makes every number meaningless."""
+    if run is not None:
+        print(run.output[-4000:], file=sys.stderr)
+    print(f"FAIL: {message}")
+    sys.exit(1)

@@ -1,0 +1,61 @@
+"""End to end: the bundled example recipes build with the repository's own dodo.py, and every artifact
+computes what the eager model computes."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.jit.mobile import _load_for_lite_interpreter
+
+from conftest import REPO
+from mobilebuild import recipe
+from mobilebuild.examples import digits
+from mobilebuild.metrics import sqnr_db
+from mobilebuild.stages import modeling
+
+FP32_DB = 80.0
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("examples")
+    shutil.copy(REPO / "dodo.py", root)
+    shutil.copytree(REPO / "recipes", root / "recipes")
+    result = subprocess.run([sys.executable, "-m", "doit"], cwd=root, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root
+
+
+def eager(root, loaded):
+    source = {k: v for k, v in loaded.model.items() if k in ("torchvision", "quantizable", "factory", "kwargs")}
+    model = modeling.build_model(source, seed=0)
+    model.load_state_dict(torch.load(root / f"artifacts/{loaded.name}/checkpoint.pt"))
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", ["perf_recipe", "mobilenet_v2", "digits"])
+def test_fp32_artifacts_match_eager_and_manifests_are_complete(built, name):
+    (loaded,) = [r for r in recipe.load_all(REPO) if r.name == name]
+    x = modeling.example_input(loaded.input, seed=3)
+    with torch.no_grad():
+        reference = eager(built, loaded)(x)
+    assert reference.abs().max() > 1e-3  # a collapsed model would make any comparison meaningless
+    lite = _load_for_lite_interpreter(str(built / f"artifacts/{name}/{name}-xnnpack.ptl"))
+    assert sqnr_db(reference, lite(x)) > FP32_DB
+    manifest = json.loads((built / f"artifacts/{name}/manifest.json").read_text())
+    assert {a["target"] for a in manifest["artifacts"] if a["stage"] == "optimize"} == {"xnnpack", "qnnpack"}
+
+
+def test_digits_int8_keeps_its_accuracy_on_held_out_images(built):
+    images, labels = digits.load_split("test")
+    torch.backends.quantized.engine = "qnnpack"
+    scores = {}
+    for target in ("xnnpack", "qnnpack"):
+        lite = _load_for_lite_interpreter(str(built / f"artifacts/digits/digits-{target}.ptl"))
+        predictions = torch.stack([lite(images[i:i + 1])[0] for i in range(len(images))]).argmax(dim=1)
+        scores[target] = (predictions == labels).float().mean().item()
+    assert scores["xnnpack"] > 0.95
+    assert scores["qnnpack"] > scores["xnnpack"] - 0.02

@@ -1,0 +1,68 @@
+"""Recipes -> nodes: merged where identical, keyed on what they use, and clear about unbuildable targets."""
+
+import pytest
+import yaml
+from conftest import tiny_recipe
+
+from mobilebuild import graph, recipe
+from mobilebuild.errors import RecipeErrors
+
+
+def nodes_for(root, data):
+    (root / "recipes").mkdir(exist_ok=True)
+    (root / "recipes" / "r.yaml").write_text(yaml.safe_dump(data))
+    return {n.task_name: n for n in graph.build(recipe.load_all(root), root)}
+
+
+def test_fused_model_is_shared_and_each_target_gets_its_chain(tmp_path):
+    nodes = nodes_for(tmp_path, tiny_recipe())
+    assert sorted(nodes) == sorted([
+        "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
+        "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "manifest:tiny"])
+    assert nodes["script:tiny-fp32"].inputs == {"model": "artifacts/tiny/fused.pt"}
+    assert nodes["quantize:tiny-qnnpack"].inputs == {"model": "artifacts/tiny/fused.pt"}
+    assert nodes["optimize:tiny-xnnpack"].output == "artifacts/tiny/tiny-xnnpack.ptl"
+
+
+def test_targets_of_one_precision_share_the_scripted_model(tmp_path):
+    targets = [{"backend": "xnnpack"}, {"backend": "xnnpack", "name": "nofold",
+                                        "optimize": {"blocklist": ["CONV_BN_FUSION"]}}]
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=targets))
+    assert [n for n in nodes if n.startswith("script:")] == ["script:tiny-fp32"]
+    assert nodes["optimize:tiny-nofold"].inputs == nodes["optimize:tiny-xnnpack"].inputs
+
+
+def test_keys_hold_only_what_a_node_uses(tmp_path):
+    nodes = nodes_for(tmp_path, tiny_recipe())
+    assert "calibration" not in str(nodes["fuse:tiny"].key())
+    assert "blocklist" not in str(nodes["script:tiny-fp32"].key())
+    assert set(nodes["fuse:tiny"].key()["toolchain"]) >= {"python", "torch", "torchvision", "mobilebuild"}
+
+
+def test_a_factory_in_the_repository_is_a_dependency(tmp_path):
+    (tmp_path / "tinynet.py").write_text("")
+    nodes = nodes_for(tmp_path, tiny_recipe())
+    assert "tinynet.py" in nodes["checkpoint:tiny"].dependencies()
+
+
+def test_calibration_images_are_dependencies(tmp_path):
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "a.png").write_bytes(b"x")
+    data = tiny_recipe(quantize={"calibration": {"source": "images", "path": "../calib"}})
+    nodes = nodes_for(tmp_path, data)
+    assert "calib/a.png" in nodes["quantize:tiny-qnnpack"].dependencies()
+
+
+def test_an_empty_calibration_folder_is_reported(tmp_path):
+    (tmp_path / "calib").mkdir()
+    with pytest.raises(RecipeErrors, match=r"recipes/r.yaml: quantize.calibration.path: calibration folder "
+                                           r"'calib' holds no files"):
+        nodes_for(tmp_path, tiny_recipe(quantize={"calibration": {"source": "images", "path": "../calib"}}))
+
+
+@pytest.mark.parametrize("target", [{"backend": "vulkan"}, {"backend": "nnapi"}, {"backend": "metal"},
+                                    {"backend": "onnx"}, {"backend": "xnnpack", "runtime": "executorch"}])
+def test_targets_this_version_cannot_build_fail_clearly(tmp_path, target):
+    with pytest.raises(RecipeErrors, match=r"recipes/r.yaml: targets\[1\]: backend .* is not buildable by this "
+                                           r"version of mobilebuild \(buildable: xnnpack \(pytorch-mobile\)"):
+        nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "xnnpack"}, target]))

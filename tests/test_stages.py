@@ -1,0 +1,203 @@
+"""Stage functions on tiny models: numerics of every artifact against the eager model, and clear errors."""
+
+import pytest
+import torch
+from torch.jit.mobile import _load_for_lite_interpreter
+from torch.utils.mobile_optimizer import optimize_for_mobile
+
+import tiny_models
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.metrics import sqnr_db
+from mobilebuild.stages import checkpoint, fuse, modeling, optimize, quantize, script
+
+INPUT = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+OPTIONS = {"blocklist": [], "preserved_methods": [], "bundled_inputs": True}
+FP32_DB = 80.0  # fp32 artifacts compute the same function: anything below means a wrong transformation
+
+
+def lite_sqnr(model, fuse_setting, mode, tmp_path):
+    """Take `model` through fuse -> script/trace -> optimize -> .ptl and compare the lite model with eager."""
+    x = modeling.example_input(INPUT, seed=1)
+    with torch.no_grad():
+        reference = model(x)
+    fused, _ = fuse.fuse(model, fuse_setting)
+    scripted = script.to_torchscript(fused, mode, modeling.example_input(INPUT))
+    path = tmp_path / f"{mode}.ptl"
+    optimize.optimize(scripted, OPTIONS, mode, INPUT)._save_for_lite_interpreter(str(path))
+    return sqnr_db(reference, _load_for_lite_interpreter(str(path))(x))
+
+
+@pytest.mark.parametrize("factory", [tiny_models.conv_bn, tiny_models.branchy, tiny_models.branchy_sequential])
+def test_the_test_models_trip_optimize_for_mobile_when_traced_naively(factory):
+    model = factory()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        naive = optimize_for_mobile(torch.jit.trace(model, x))
+        assert sqnr_db(model(x), naive(x)) < 10.0  # pytorch/pytorch#76807: proves these models can catch it
+
+
+FUSE_CASES = [
+    (tiny_models.conv_bn, "auto"), (tiny_models.conv_bn, False), (tiny_models.conv_bn, [["0", "1"]]),
+    (tiny_models.branchy, "auto"), (tiny_models.branchy, False),
+    (tiny_models.branchy_sequential, "auto"), (tiny_models.branchy_sequential, False),
+]
+
+
+@pytest.mark.parametrize("mode", ["trace", "script"])
+@pytest.mark.parametrize("factory, fuse_setting", FUSE_CASES)
+def test_every_ptl_matches_the_eager_model(factory, fuse_setting, mode, tmp_path):
+    assert lite_sqnr(factory(), fuse_setting, mode, tmp_path) > FP32_DB
+
+
+def test_auto_fuse_finds_the_performance_recipe_sequences():
+    model = tiny_models.conv_bn()
+    _, groups = fuse.fuse(model, "auto")
+    assert groups == [["0", "1", "2"], ["3", "4"]]
+    _, groups = fuse.fuse(tiny_models.conv_bn(), False)
+    assert groups == [["0", "1"], ["3", "4"]]  # batch norm is folded even with fuse: false
+
+
+def test_fuse_falls_back_to_sequential_structure_when_fx_cannot_trace():
+    _, groups = fuse.fuse(tiny_models.branchy_sequential(), "auto")
+    assert groups == [["features.0", "features.1", "features.2"]]
+
+
+def test_explicit_fuse_names_are_checked():
+    with pytest.raises(MobileBuildError, match=r"no module named 'nope'") as caught:
+        fuse.fuse(tiny_models.conv_bn(), [["0", "nope"]])
+    assert caught.value.field == "fuse[0]"
+    with pytest.raises(MobileBuildError, match=r"cannot fuse \(ReLU, Conv2d\)"):
+        fuse.fuse(tiny_models.conv_bn(), [["2", "3"]])
+
+
+def test_the_optimize_stage_keeps_batch_norm_it_was_not_shown_unfolded(tmp_path):
+    # Bypass the fuse stage entirely: a traced model still holding batch norm must come out correct.
+    model = tiny_models.branchy()
+    x = modeling.example_input(INPUT, seed=1)
+    traced = script.to_torchscript(model, "trace", modeling.example_input(INPUT))
+    assert optimize.has_batch_norm(traced)
+    with torch.no_grad():
+        assert sqnr_db(model(x), optimize.optimize(traced, OPTIONS, "trace", INPUT)(x)) > FP32_DB
+
+
+def test_int8_artifact_stays_close_to_eager(tmp_path):
+    model = tiny_models.conv_bn()
+    x = modeling.example_input(INPUT, seed=1)
+    with torch.no_grad():
+        reference = model(x)
+    fused, _ = fuse.fuse(model, "auto")
+    quantized = quantize.quantize(fused, "qnnpack", quantize.calibration_batches(
+        {"source": "random", "batches": 4, "seed": 0}, INPUT))
+    scripted = script.to_torchscript(quantized, "script", x)
+    path = tmp_path / "int8.ptl"
+    optimize.optimize(scripted, OPTIONS, "script", INPUT)._save_for_lite_interpreter(str(path))
+    assert sqnr_db(reference, _load_for_lite_interpreter(str(path))(x)) > 20.0
+
+
+def test_channels_last_wrapper_converts_the_input():
+    scripted = script.to_torchscript(script.ChannelsLastInput(tiny_models.conv_bn()).eval(), "script",
+                                     modeling.example_input(INPUT))
+    graph = str(scripted.inlined_graph)
+    assert "aten::contiguous" in graph
+
+
+def test_script_failure_advises_trace():
+    class Untypable(torch.nn.Module):
+        def forward(self, x):
+            return {frozenset([1]): x}[frozenset([1])]
+
+    with pytest.raises(MobileBuildError, match=r"torch.jit.script cannot compile.*set `script: trace`") as caught:
+        script.to_torchscript(Untypable(), "script", torch.randn(1))
+    assert caught.value.field == "script"
+
+
+class TestCheckpointFiles:
+    @pytest.fixture
+    def model(self):
+        return tiny_models.ConvBn().eval()
+
+    def test_round_trip(self, model, tmp_path):
+        path = tmp_path / "ok.pt"
+        torch.save(tiny_models.conv_bn().state_dict(), path)
+        modeling.load_weights(model, path, field="model.checkpoint")
+        assert torch.equal(model[1].running_var, tiny_models.conv_bn()[1].running_var)
+
+    @pytest.mark.parametrize("content, message", [
+        (b"", "not a readable PyTorch checkpoint"),
+        (b"garbage", "not a readable PyTorch checkpoint"),
+    ])
+    def test_unreadable(self, model, tmp_path, content, message):
+        path = tmp_path / "bad.pt"
+        path.write_bytes(content)
+        with pytest.raises(MobileBuildError, match=message):
+            modeling.load_weights(model, path, field="model.checkpoint")
+
+    def test_truncated(self, model, tmp_path):
+        path = tmp_path / "cut.pt"
+        torch.save(model.state_dict(), path)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        with pytest.raises(MobileBuildError, match="not a readable PyTorch checkpoint"):
+            modeling.load_weights(model, path, field="model.checkpoint")
+
+    def test_code_carrying_pickle_is_refused_not_run(self, model, tmp_path):
+        marker = tmp_path / "pwned"
+
+        class Payload:
+            def __reduce__(self):
+                return (open, (str(marker), "w"))
+
+        path = tmp_path / "evil.pt"
+        torch.save({"0.weight": Payload()}, path)
+        with pytest.raises(MobileBuildError, match="refused"):
+            modeling.load_weights(model, path, field="model.checkpoint")
+        assert not marker.exists()
+
+    def test_keys_and_shapes_must_match(self, model, tmp_path):
+        state = tiny_models.conv_bn().state_dict()
+        state["0.weight"] = torch.zeros(2, 2)
+        state.pop("4.bias")
+        state["extra"] = torch.zeros(1)
+        path = tmp_path / "mismatch.pt"
+        torch.save(state, path)
+        with pytest.raises(MobileBuildError, match=r"missing keys 4.bias; unexpected keys extra; shape mismatch "
+                                                   r"0.weight \(2, 2\) vs model \(8, 3, 3, 3\)"):
+            modeling.load_weights(model, path, field="model.checkpoint")
+
+
+def test_checkpoint_reports_an_input_shape_the_model_rejects():
+    with pytest.raises(MobileBuildError, match=r"rejects an input of shape \[1, 5, 16, 16\]") as caught:
+        checkpoint.check_input(tiny_models.conv_bn(), {**INPUT, "shape": [1, 5, 16, 16]})
+    assert caught.value.field == "input.shape"
+
+
+def test_batchnorm_statistics_are_reestimated():
+    model = tiny_models.ConvBn().eval()
+    checkpoint.reestimate_batchnorm(model, INPUT, batches=2, seed=0)
+    assert not torch.allclose(model[1].running_var, torch.ones(8))
+    assert not model.training
+
+
+class TestImageCalibration:
+    IMAGE_INPUT = {"shape": [2, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+
+    def test_images_are_loaded_resized_and_normalised(self, tmp_path):
+        from PIL import Image
+
+        for index in range(3):
+            Image.new("RGB", (20, 10), (index * 100, 50, 200)).save(tmp_path / f"{index}.png")
+        batches = list(quantize.calibration_batches(
+            {"source": "images", "path": str(tmp_path), "batches": 2, "mean": [0.5, 0.5, 0.5],
+             "std": [0.5, 0.5, 0.5]}, self.IMAGE_INPUT))
+        assert len(batches) == 2 and batches[0].shape == (2, 3, 16, 16)
+        assert batches[0][0, 2].mean().item() == pytest.approx((200 / 255 - 0.5) / 0.5, abs=1e-3)
+
+    def test_a_file_that_is_not_an_image(self, tmp_path):
+        (tmp_path / "notes.txt").write_text("hello")
+        with pytest.raises(MobileBuildError, match=r"notes.txt is not a readable image"):
+            list(quantize.calibration_batches({"source": "images", "path": str(tmp_path), "batches": 1},
+                                              self.IMAGE_INPUT))
+
+    def test_an_empty_folder(self, tmp_path):
+        with pytest.raises(MobileBuildError, match="holds no images"):
+            list(quantize.calibration_batches({"source": "images", "path": str(tmp_path), "batches": 1},
+                                              self.IMAGE_INPUT))

@@ -1,0 +1,62 @@
+"""Small models with the layouts that matter, importable by recipe factories in tests ("tiny_models:...")."""
+
+import torch
+from torch import nn
+
+
+def randomize_batchnorm(model, seed=0):
+    """Non-trivial batch-norm statistics: the defaults (mean 0, var 1, weight 1, bias 0) hide folding bugs."""
+    generator = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            n = module.num_features
+            module.running_mean.copy_(torch.randn(n, generator=generator) * 2)
+            module.running_var.copy_(torch.rand(n, generator=generator) * 3 + 0.2)
+            module.weight.data.copy_(torch.randn(n, generator=generator))
+            module.bias.data.copy_(torch.randn(n, generator=generator) * 2)
+    return model.eval()
+
+
+class ConvBn(nn.Sequential):
+    def __init__(self):
+        super().__init__(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8))
+
+
+class Branchy(nn.Module):
+    """FX cannot trace it (control flow on a traced value), and no nn.Sequential shows the Conv-BN pair."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        if x.dim() == 4:
+            return self.bn(self.conv(x))
+        return x
+
+
+class BranchySequential(nn.Module):
+    """FX cannot trace it, but its Conv-BN-ReLU sits in an nn.Sequential."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+
+    def forward(self, x):
+        if x.dim() == 4:
+            return self.features(x)
+        return x
+
+
+def conv_bn():
+    return randomize_batchnorm(ConvBn())
+
+
+def branchy():
+    return randomize_batchnorm(Branchy())
+
+
+def branchy_sequential():
+    return randomize_batchnorm(BranchySequential())
