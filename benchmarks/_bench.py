@@ -1,4 +1,4 @@
-"""What both benchmarks share: timing a command as a subprocess (wall time and its own peak RSS), interleaved
+"""What both benchmarks share: timing a command as a subprocess (wall and CPU time, its own peak RSS), interleaved
 repeats, medians, a plain table and the PASS/FAIL line."""
 
 import os
@@ -17,6 +17,7 @@ PYTHON = sys.executable
 @dataclass
 class Run:
     seconds: float
+    cpu_seconds: float  # user + system: less sensitive than wall time to other load on the machine
     peak_rss_mb: float
     returncode: int
     output: str
@@ -33,7 +34,7 @@ def measure(cmd, cwd, env=None):
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         output = log.read().decode(errors="replace")
-    return Run(seconds, usage.ru_maxrss / 1024, proc.returncode, output)
+    return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode, output)
 
 
 def interleave(contenders, repeats, check=None):
@@ -62,6 +63,21 @@ def table(header, rows):
     for row in rows:
         cells = [str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         print("  ".join(cells).rstrip())
+
+
+def summary(runs, baseline, contender, digits=3):
+    """Print wall, CPU and peak RSS of two contenders side by side; return the ratio of median wall times."""
+    def row(label, value, reduce=median, ratio=True):
+        base, other = (reduce(value(r) for r in runs[name]) for name in (baseline, contender))
+        return [label, f"{base:.{digits}f}", f"{other:.{digits}f}", f"{other / base:.2f}x" if ratio else ""]
+
+    rows = [row("wall median (s)", lambda r: r.seconds),
+            row("wall min (s)", lambda r: r.seconds, min, False),
+            row("wall max (s)", lambda r: r.seconds, max, False),
+            row("CPU user+sys median (s)", lambda r: r.cpu_seconds),
+            row("peak RSS median (MB)", lambda r: r.peak_rss_mb)]
+    table(["", baseline, contender, "ratio"], rows)
+    return median(r.seconds for r in runs[contender]) / median(r.seconds for r in runs[baseline])
 
 
 def verdict(ok, message):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from _bench import PYTHON, REPO, fail, interleave, measure, median, table, verdict
+from _bench import PYTHON, REPO, fail, interleave, measure, summary, verdict
 
 TARGET_RATIO = 2.0
 TEAMS = ("camera", "speech", "ocr", "pose", "ranking")
@@ -185,18 +185,8 @@ def main():
         runs = interleave(contenders, args.repeats, check)
         torch_free, poisoned = torch_free_noop(graph, scratch, tasks)
 
-    wall = {name: median(r.seconds for r in rs) for name, rs in runs.items()}
-    rss = {name: median(r.peak_rss_mb for r in rs) for name, rs in runs.items()}
-    ratio = wall["mobilebuild"] / wall["bare doit"]
-    print()
-    table(["", "bare doit", "mobilebuild", "ratio"], [
-        ["file tasks", tasks, tasks, ""],
-        ["wall median (s)", f"{wall['bare doit']:.3f}", f"{wall['mobilebuild']:.3f}", f"{ratio:.2f}x"],
-        *[[f"wall {label} (s)", f"{fn(r.seconds for r in runs['bare doit']):.3f}",
-           f"{fn(r.seconds for r in runs['mobilebuild']):.3f}", ""] for label, fn in (("min", min), ("max", max))],
-        ["peak RSS median (MB)", f"{rss['bare doit']:.1f}", f"{rss['mobilebuild']:.1f}",
-         f"{rss['mobilebuild'] / rss['bare doit']:.2f}x"],
-    ])
+    print(f"\n{tasks} file tasks each")
+    ratio = summary(runs, "bare doit", "mobilebuild")
     print(f"torch during the no-op: {'never imported' if torch_free else 'IMPORTED'} "
           f"(poisoned-torch run: rc {poisoned.returncode}, {poisoned.seconds:.3f} s)")
     return verdict(ratio <= TARGET_RATIO and torch_free,
