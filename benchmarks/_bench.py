@@ -20,21 +20,30 @@ class Run:
     cpu_seconds: float  # user + system: less sensitive than wall time to other load on the machine
     peak_rss_mb: float
     returncode: int
-    output: str
+    output: str  # stdout
+    errors: str  # stderr
+
+
+def bytecode_env(scratch):
+    """Bytecode caching on, in a temporary folder: with PYTHONDONTWRITEBYTECODE (set in some sandboxes) every run
+    would recompile mobilebuild's sources, which a developer's machine does once."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPYCACHEPREFIX": str(Path(scratch) / "pycache")}
 
 
 def measure(cmd, cwd, env=None):
-    """Run `cmd` to completion. Output goes to a file rather than a pipe so reading it never paces the child;
+    """Run `cmd` to completion. Output goes to files rather than pipes so reading it never paces the child;
     wait4 gives this child's own peak RSS (RUSAGE_CHILDREN would be the maximum over every child so far)."""
-    with tempfile.TemporaryFile() as log:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - started
         proc.returncode = os.waitstatus_to_exitcode(status)
-        log.seek(0)
-        output = log.read().decode(errors="replace")
-    return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode, output)
+        out.seek(0)
+        err.seek(0)
+        return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode,
+                   out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
 
 def interleave(contenders, repeats, check=None):
@@ -67,15 +76,15 @@ def table(header, rows):
 
 def summary(runs, baseline, contender, digits=3):
     """Print wall, CPU and peak RSS of two contenders side by side; return the ratio of median wall times."""
-    def row(label, value, reduce=median, ratio=True):
+    def row(label, value, reduce=median, ratio=True, places=digits):
         base, other = (reduce(value(r) for r in runs[name]) for name in (baseline, contender))
-        return [label, f"{base:.{digits}f}", f"{other:.{digits}f}", f"{other / base:.2f}x" if ratio else ""]
+        return [label, f"{base:.{places}f}", f"{other:.{places}f}", f"{other / base:.2f}x" if ratio else ""]
 
     rows = [row("wall median (s)", lambda r: r.seconds),
             row("wall min (s)", lambda r: r.seconds, min, False),
             row("wall max (s)", lambda r: r.seconds, max, False),
             row("CPU user+sys median (s)", lambda r: r.cpu_seconds),
-            row("peak RSS median (MB)", lambda r: r.peak_rss_mb)]
+            row("peak RSS median (MB)", lambda r: r.peak_rss_mb, places=1)]
     table(["", baseline, contender, "ratio"], rows)
     return median(r.seconds for r in runs[contender]) / median(r.seconds for r in runs[baseline])
 
@@ -88,6 +97,6 @@ def verdict(ok, message):
 def fail(message, run=None):
     """Stop the benchmark: a contender that fails or does the wrong work makes every number meaningless."""
     if run is not None:
-        print(run.output[-4000:], file=sys.stderr)
+        print(run.output[-3000:], run.errors[-3000:], sep="\n", file=sys.stderr)
     print(f"FAIL: {message}")
     sys.exit(1)

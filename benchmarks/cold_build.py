@@ -1,13 +1,14 @@
 """Cold build of recipes/mobilenet_v2.yaml through the doit graph against the same steps written by hand.
 
-Measures the wall time and peak RSS of
+Measures the wall time, CPU time and peak RSS of
   mobilebuild: `python -m doit` in a fresh temporary repo holding dodo.py and recipes/mobilenet_v2.yaml only
                (8 tasks: checkpoint, fuse, quantize, script x2, optimize x2, manifest; one process);
   by hand:     `python benchmarks/mobilenet_v2_by_hand.py OUT` in a fresh folder: the same model, batch-norm
                statistics, fusion, qnnpack calibration, channels_last wrapper, scripting, optimize_for_mobile,
                bundled inputs and lite-interpreter saves, in one plain script (torch import included in both).
-Both run N times (default 3) as subprocesses, interleaved; medians are compared. Afterwards both pairs of .ptl
-files are loaded with the lite interpreter and must give the same outputs, so that both did the same work.
+Both run N times (default 3) as subprocesses, interleaved; medians are compared. Then one more, untimed graph
+build with doit's JSON reporter gives per-task times, and both builds' .ptl files are run through the lite
+interpreter on one input: their outputs must match, so that both did the same work.
 
 Target: median(mobilebuild) <= 1.15x median(by hand).
 
@@ -16,62 +17,64 @@ Target: median(mobilebuild) <= 1.15x median(by hand).
 
 import argparse
 import itertools
-import re
+import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from _bench import PYTHON, REPO, fail, interleave, measure, median, summary, table, verdict
+from _bench import PYTHON, REPO, bytecode_env, fail, interleave, measure, median, summary, table, verdict
 
 TARGET_RATIO = 1.15
 RECIPE = REPO / "recipes" / "mobilenet_v2.yaml"
 BY_HAND = Path(__file__).with_name("mobilenet_v2_by_hand.py")
 TARGETS = ("xnnpack", "qnnpack")
 TASKS = 8
-# execute.run_node prints "   <artifact> (<size> MB, <seconds> s)" after each task.
-TASK_LINE = re.compile(r"^\.  (\S+)$")
-TIME_LINE = re.compile(r"^   \S+ \([\d.]+ MB, ([\d.]+) s\)$")
 
 
-def graph_build(root):
+def graph_build(root, *doit_options, env=None):
     (root / "recipes").mkdir(parents=True)
     shutil.copy(REPO / "dodo.py", root / "dodo.py")
     shutil.copy(RECIPE, root / "recipes" / RECIPE.name)
-    run = measure([PYTHON, "-m", "doit"], root)
+    run = measure([PYTHON, "-m", "doit", *doit_options], root, env)
     run.artifacts = {t: root / "artifacts" / "mobilenet_v2" / f"mobilenet_v2-{t}.ptl" for t in TARGETS}
-    run.steps = stage_times(run.output)
     return run
 
 
-def hand_build(root):
+def hand_build(root, env=None):
     root.mkdir(parents=True)
-    run = measure([PYTHON, str(BY_HAND), str(root)], root)
+    run = measure([PYTHON, str(BY_HAND), str(root)], root, env)
     run.artifacts = {t: root / f"mobilenet_v2-{t}.ptl" for t in TARGETS}
-    run.steps = {line[5:].rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                 for line in run.output.splitlines() if line.startswith("step ")}
     return run
-
-
-def stage_times(output):
-    times, task = {}, None
-    for line in output.splitlines():
-        if match := TASK_LINE.match(line):
-            task = match.group(1)
-        elif (match := TIME_LINE.match(line)) and task:
-            times[task] = float(match.group(1))
-    return times
 
 
 def check(name, run):
     missing = [str(p) for p in run.artifacts.values() if not p.is_file()]
     if run.returncode or missing:
         fail(f"{name}: rc {run.returncode}, missing {missing}", run)
-    if name == "mobilebuild" and len(run.steps) != TASKS:
-        fail(f"mobilebuild ran {len(run.steps)} tasks, expected {TASKS}: {sorted(run.steps)}", run)
+    executed = sum(line.startswith(".  ") for line in run.output.splitlines())
+    if name == "mobilebuild" and executed != TASKS:
+        fail(f"mobilebuild executed {executed} tasks, expected {TASKS}", run)
 
 
-def same_outputs(graph_run, hand_run):
+def task_times(root):
+    """{task: seconds} from doit's JSON reporter (an extra build: the timed ones keep the default reporter).
+    A task's time includes doit's bookkeeping after it (hashing its file_dep and targets)."""
+    run = graph_build(root, "-r", "json")
+    if run.returncode:
+        fail("the build with the JSON reporter failed", run)
+    report = json.loads(run.output)
+    times = {t["name"]: t["elapsed"] for t in report["tasks"] if ":" in t["name"] and t["elapsed"] is not None}
+    return times, run.seconds
+
+
+def hand_steps(run):
+    """The `step <name> <seconds>` lines the by-hand script prints."""
+    return dict((name, float(seconds)) for name, _, seconds in
+                (line[len("step "):].rpartition(" ") for line in run.output.splitlines() if line.startswith("step ")))
+
+
+def output_differences(graph_run, hand_run):
     """Largest output difference per target between the two builds' .ptl files, on one fixed input."""
     import torch  # only now: the timed runs are over
     from torch.jit.mobile import _load_for_lite_interpreter
@@ -86,9 +89,11 @@ def same_outputs(graph_run, hand_run):
     return differences
 
 
-def step_table(title, runs):
-    print(f"\n{title} (median s)")
-    table(["step", "s"], [[name, f"{median(r.steps[name] for r in runs):.2f}"] for name in runs[0].steps])
+def breakdown(title, steps, total, outside):
+    print(f"\n{title}")
+    table(["step", "s"], [*[[name, f"{s:.2f}"] for name, s in steps.items()],
+                          [f"outside the steps ({outside})", f"{total - sum(steps.values()):.2f}"],
+                          ["total (wall)", f"{total:.2f}"]])
 
 
 def main():
@@ -98,18 +103,21 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="cold-build-bench-") as scratch:
         fresh = (Path(scratch, f"build-{n}") for n in itertools.count())  # a cold build never reuses a folder
-        contenders = {"by hand": lambda: hand_build(next(fresh)), "mobilebuild": lambda: graph_build(next(fresh))}
+        env = bytecode_env(scratch)
+        contenders = {"by hand": lambda: hand_build(next(fresh), env),
+                      "mobilebuild": lambda: graph_build(next(fresh), env=env)}
         print(f"{args.repeats} interleaved cold builds of each:")
         runs = interleave(contenders, args.repeats, check)
-        differences = same_outputs(runs["mobilebuild"][-1], runs["by hand"][-1])
+        tasks, tasks_total = task_times(next(fresh))
+        differences = output_differences(runs["mobilebuild"][-1], runs["by hand"][-1])
 
     print()
     ratio = summary(runs, "by hand", "mobilebuild", digits=2)
-    step_table("mobilebuild tasks, as execute.run_node prints them (0.1 s steps; the first pays import torch)",
-               runs["mobilebuild"])
-    outside = median(r.seconds - sum(r.steps.values()) for r in runs["mobilebuild"])
-    print(f"outside tasks (interpreter, doit, task loading): {outside:.2f} s")
-    step_table("by hand", runs["by hand"])
+    breakdown("mobilebuild, one extra build with -r json (the first task pays import torch)", tasks, tasks_total,
+              "interpreter start and exit, doit, task loading")
+    hand = runs["by hand"]
+    steps = {name: median(hand_steps(r)[name] for r in hand) for name in hand_steps(hand[0])}
+    breakdown("by hand, medians", steps, median(r.seconds for r in hand), "interpreter start and exit")
     same = all(d <= 1e-5 for d in differences.values())
     print("\nsame outputs: " + ", ".join(f"{t} max |diff| {d:.2g}" for t, d in differences.items()))
     return verdict(ratio <= TARGET_RATIO and same,

@@ -1,12 +1,13 @@
 """Up-to-date (no-op) `doit` over a generated monorepo against bare doit with as many file tasks.
 
-Measures the wall time and peak RSS of `python -m doit` when nothing is left to build, in
+Measures the wall time, CPU time and peak RSS of `python -m doit` when nothing is left to build, in
   mobilebuild: a temporary repo with the real dodo.py and N recipes (default 50) x 2 targets (xnnpack, qnnpack)
               of a tiny Conv-BN-ReLU + Linear model, built once for real beforehand;
   bare doit:  a temporary dodo.py with as many file tasks as `doit list --all` shows there (group tasks left
               out), chained through one file_dep each, one target each and a config_changed uptodate.
-Both run K times (default 7) as subprocesses, interleaved; medians are compared. Every timed run must execute
-nothing. One more mobilebuild no-op runs with a PYTHONPATH whose `torch` raises on import.
+Both run K times (default 7) as subprocesses, interleaved, after one untimed warm-up each; medians are compared.
+Every timed run must execute nothing. One more mobilebuild no-op runs with a PYTHONPATH whose `torch` raises on
+import.
 
 Target: median(mobilebuild) <= 2x median(bare doit), and torch is never imported by the no-op run.
 
@@ -14,7 +15,6 @@ Target: median(mobilebuild) <= 2x median(bare doit), and torch is never imported
 """
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from _bench import PYTHON, REPO, fail, interleave, measure, summary, verdict
+from _bench import PYTHON, REPO, bytecode_env, fail, interleave, measure, summary, verdict
 
 TARGET_RATIO = 2.0
 TEAMS = ("camera", "speech", "ocr", "pose", "ranking")
@@ -151,10 +151,10 @@ def torch_free_noop(root, scratch, tasks):
     (shim / "torch").mkdir(parents=True)
     (shim / "torch" / "__init__.py").write_text(
         f"open({str(marker)!r}, 'w').close()\nraise ImportError('torch imported')\n")
-    run = measure([PYTHON, "-m", "doit"], root, env={**os.environ, "PYTHONPATH": str(shim)})
+    run = measure([PYTHON, "-m", "doit"], root, env={**bytecode_env(scratch), "PYTHONPATH": str(shim)})
     problem = noop_problem(run, tasks)
     if problem:
-        print(f"poisoned-torch run: {problem}\n{run.output[-2000:]}")
+        print(f"poisoned-torch run: {problem}\n{run.output[-2000:]}\n{run.errors[-2000:]}")
     return not problem and not marker.exists(), run
 
 
@@ -176,10 +176,11 @@ def main():
         build_once(graph, "the monorepo")
         build_once(bare, "the bare dodo")
 
-        command = [PYTHON, "-m", "doit"]
-        contenders = {"bare doit": lambda: measure(command, bare), "mobilebuild": lambda: measure(command, graph)}
+        command, env = [PYTHON, "-m", "doit"], bytecode_env(scratch)
+        contenders = {"bare doit": lambda: measure(command, bare, env),
+                      "mobilebuild": lambda: measure(command, graph, env)}
         check = expect_noop(tasks)
-        for name, contender in contenders.items():  # untimed: first-run page-cache and .pyc effects
+        for name, contender in contenders.items():  # untimed: fills the page cache and the bytecode cache
             check(name, contender())
         print(f"{args.repeats} interleaved up-to-date runs of each:")
         runs = interleave(contenders, args.repeats, check)

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import yaml
 
+from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 
 SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
+CACHE_FILE = ".mobilebuild/recipes.json"
 RECIPE_DIR = "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -43,8 +45,13 @@ class Recipe:
 
 
 @functools.lru_cache(maxsize=None)
+def _schema_bytes():
+    return SCHEMA_PATH.read_bytes()
+
+
+@functools.lru_cache(maxsize=None)
 def schema():
-    return json.loads(SCHEMA_PATH.read_text())
+    return json.loads(_schema_bytes())
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,6 +131,37 @@ def parse(text, file):
     return data
 
 
+class ParseCache:
+    """Validated recipes by content: an up-to-date run neither parses YAML nor imports jsonschema again.
+
+    Keyed by the hash of the schema and the recipe's bytes, so any change to either validates afresh; entries not
+    used by the latest load are dropped.
+    """
+
+    def __init__(self, root):
+        self.path = Path(root) / CACHE_FILE
+        try:
+            self.entries = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            self.entries = {}
+        self.used = {}
+
+    def parse(self, raw, file):
+        key = hashlib.sha256(_schema_bytes() + b"\0" + raw).hexdigest()
+        data = self.entries.get(key)
+        if data is None:
+            data = parse(raw, file)
+        self.used[key] = data
+        return copy.deepcopy(data)  # callers resolve paths in place
+
+    def save(self):
+        if self.used.keys() != self.entries.keys():
+            try:
+                store.write_text(self.path, json.dumps(self.used))
+            except OSError:
+                pass  # a read-only checkout still builds; it only validates every time
+
+
 def _repo_path(value, recipe_file, root, where, must_exist=True):
     """Resolve a recipe-relative path; it must stay inside the repository (symlinks included)."""
     candidate = Path(value)
@@ -147,7 +185,7 @@ def _target_id(target):
     return target["backend"] if runtime is None else f"{target['backend']}-{runtime}"
 
 
-def load(path, root):
+def load(path, root, cache=None):
     """Read, validate and resolve one recipe file. `path` may be absolute or relative to `root`."""
     root = Path(root)
     path = Path(path)
@@ -160,7 +198,7 @@ def load(path, root):
         raw = full.read_bytes()
     except OSError as exc:
         raise RecipeErrors([MobileBuildError(f"cannot read recipe: {exc.strerror}", file=file)]) from None
-    data = parse(raw, file)
+    data = cache.parse(raw, file) if cache else parse(raw, file)
 
     problems = []
     model = data["model"]
@@ -208,9 +246,10 @@ def load_all(root, paths=None):
     """Load every recipe (or the given ones); collect all problems, including duplicate names."""
     root = Path(root)
     recipes, problems, names = [], [], {}
+    cache = ParseCache(root)
     for path in (paths if paths is not None else discover(root)):
         try:
-            recipe = load(path, root)
+            recipe = load(path, root, cache)
         except RecipeErrors as exc:
             problems.extend(exc.errors)
             continue
@@ -220,6 +259,7 @@ def load_all(root, paths=None):
             continue
         names[recipe.name] = recipe.file
         recipes.append(recipe)
+    cache.save()
     if problems:
         raise RecipeErrors(problems)
     return recipes

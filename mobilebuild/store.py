@@ -1,6 +1,7 @@
 """File writes that never leave a half-written artifact behind, and content hashes."""
 
 import contextlib
+import functools
 import hashlib
 import os
 import tempfile
@@ -14,7 +15,8 @@ def atomic_output(path):
     """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds.
 
     The temporary file lives in the same directory so the final rename is atomic on POSIX; a killed build
-    leaves only a `.partial-` file that no task lists as a target, so it is never taken as up to date.
+    leaves only a `.partial-` file that no task lists as a target, so it is never taken as up to date. Like make
+    and ninja, no fsync: a killed process loses nothing written, and a power cut is not worth a flush per file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -23,8 +25,6 @@ def atomic_output(path):
     tmp = Path(tmp)
     try:
         yield tmp
-        with open(tmp, "rb") as written:
-            os.fsync(written.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -39,12 +39,17 @@ def write_text(path, text):
     write_bytes(path, text.encode("utf-8"))
 
 
-def sha256_file(path, chunk=1 << 20):
-    digest = hashlib.sha256()
+def sha256_file(path):
+    """The file's sha256, computed once per process for a given (path, inode, size, mtime): the doit checker, the
+    manifest and later stages all ask for the same multi-megabyte files."""
+    stat = os.stat(path)
+    return _sha256(os.fspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sha256(path, inode, size, mtime_ns):
     with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def remove_partials(directory):

@@ -117,3 +117,18 @@ def test_field_path_formatting():
     assert recipe.field_path(["targets", 1, "backend"]) == "targets[1].backend"
     assert recipe.field_path(["input", "shape", 0]) == "input.shape[0]"
     assert recipe.field_path([]) == ""
+
+
+def test_validated_recipes_are_cached_by_content(tmp_path, monkeypatch):
+    path = write(tmp_path, tiny_recipe())
+    (first,) = recipe.load_all(tmp_path)
+
+    def no_validation():
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(recipe, "_validator", no_validation)
+    (again,) = recipe.load_all(tmp_path)
+    assert again == first
+    path.write_text(path.read_text().replace("batches: 2", "batches: 3"))
+    with pytest.raises(AssertionError, match="validated again"):
+        recipe.load_all(tmp_path)

@@ -40,6 +40,7 @@ FUSE_CASES = [
     (tiny_models.conv_bn, "auto"), (tiny_models.conv_bn, False), (tiny_models.conv_bn, [["0", "1"]]),
     (tiny_models.branchy, "auto"), (tiny_models.branchy, False),
     (tiny_models.branchy_sequential, "auto"), (tiny_models.branchy_sequential, False),
+    (tiny_models.self_fusing, "auto"),
 ]
 
 
@@ -55,6 +56,12 @@ def test_auto_fuse_finds_the_performance_recipe_sequences():
     assert groups == [["0", "1", "2"], ["3", "4"]]
     _, groups = fuse.fuse(tiny_models.conv_bn(), False)
     assert groups == [["0", "1"], ["3", "4"]]  # batch norm is folded even with fuse: false
+
+
+def test_a_models_own_fuse_model_is_used_and_what_it_leaves_is_folded():
+    fused, groups = fuse.fuse(tiny_models.self_fusing(), "auto")
+    assert groups == [["3", "4"]]
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fused.modules())
 
 
 def test_fuse_falls_back_to_sequential_structure_when_fx_cannot_trace():

@@ -23,6 +23,13 @@ class ConvBn(nn.Sequential):
                          nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8))
 
 
+class SelfFusing(ConvBn):
+    """Declares its own fusion, and leaves one Conv-BN pair out of it."""
+
+    def fuse_model(self):
+        torch.ao.quantization.fuse_modules(self, [["0", "1", "2"]], inplace=True)
+
+
 class Branchy(nn.Module):
     """FX cannot trace it (control flow on a traced value), and no nn.Sequential shows the Conv-BN pair."""
 
@@ -60,3 +67,7 @@ def branchy():
 
 def branchy_sequential():
     return randomize_batchnorm(BranchySequential())
+
+
+def self_fusing():
+    return randomize_batchnorm(SelfFusing())

@@ -1,6 +1,8 @@
 """checkpoint: the model's weights materialised as a state_dict (from a checkpoint file, training, or a seed),
 checked against the example input."""
 
+import contextlib
+
 import torch
 
 from mobilebuild.errors import MobileBuildError
@@ -25,21 +27,29 @@ def reestimate_batchnorm(model, input_config, batches, seed):
     return model.eval()
 
 
+@contextlib.contextmanager
+def rejected_input(input_config):
+    """Whatever the model raises on its first forward is, for the user, a wrong input shape."""
+    try:
+        yield
+    except Exception as exc:
+        raise MobileBuildError(
+            f"the model rejects an input of shape {input_config['shape']}: {modeling.first_line(exc)}",
+            field="input.shape") from None
+
+
 def check_input(model, input_config):
-    with torch.no_grad():
-        try:
-            model(modeling.example_input(input_config))
-        except Exception as exc:  # whatever the model raises on a wrong shape
-            raise MobileBuildError(
-                f"the model rejects an input of shape {input_config['shape']}: {modeling.first_line(exc)}",
-                field="input.shape") from None
+    with torch.no_grad(), rejected_input(input_config):
+        model(modeling.example_input(input_config))
 
 
 def run(inputs, config, output):
     model = modeling.build_model(config["model"], config["seed"])
     if "weights" in inputs:
         modeling.load_weights(model, inputs["weights"], field="model.checkpoint")
-    check_input(model, config["input"])
     if config["batchnorm_stats"]:
-        reestimate_batchnorm(model, config["input"], config["batchnorm_stats"], config["seed"])
+        with rejected_input(config["input"]):
+            reestimate_batchnorm(model, config["input"], config["batchnorm_stats"], config["seed"])
+    else:
+        check_input(model, config["input"])
     torch.save(model.state_dict(), output)

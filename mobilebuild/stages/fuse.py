@@ -89,21 +89,34 @@ def _check_explicit(model, groups):
                                    "Linear-BN", field=f"fuse[{index}]")
 
 
+def _own_fusion(model):
+    """Models that know their own fusion (torchvision's quantizable models, the NNAPI post's recipe) say so with
+    fuse_model(); it is authoritative, and cheaper than tracing."""
+    fuse_model = getattr(model, "fuse_model", None)
+    if not callable(fuse_model):
+        return False
+    try:
+        fuse_model()
+    except Exception:  # a custom fuse_model that needs arguments or fails: find the groups ourselves
+        return False
+    return True
+
+
 def fuse(model, setting):
-    """Return the fused model and the groups that were fused."""
-    if setting == "auto":
-        groups = find_groups(model)
+    """Fuse `model` in place; return it and the groups that were fused (beyond the model's own fuse_model())."""
+    model.eval()
+    if setting == "auto" and not _own_fusion(model):
+        groups = find_groups(model)  # already holds every Conv-BN pair there is to fold
     else:
-        groups = [list(group) for group in (setting or [])]
+        groups = [list(group) for group in (setting or [])] if setting != "auto" else []
         _check_explicit(model, groups)
-        covered = {name for group in groups for name in group}
-        groups += [g for g in find_groups(model, conv_bn_only=True) if not covered & set(g)]
-    fused = torch.ao.quantization.fuse_modules(model.eval(), groups, inplace=False) if groups else model
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            covered = {name for group in groups for name in group}
+            groups += [g for g in find_groups(model, conv_bn_only=True) if not covered & set(g)]
+    fused = torch.ao.quantization.fuse_modules(model, groups, inplace=True) if groups else model
     return fused, groups
 
 
 def run(inputs, config, output):
-    model = modeling.build_model(config["model"], seed=0)
-    model.load_state_dict(modeling.load_state_dict_file(inputs["checkpoint"], field="model.checkpoint"))
-    fused, _ = fuse(model, config["fuse"])
+    fused, _ = fuse(modeling.restore_model(config["model"], inputs["checkpoint"]), config["fuse"])
     modeling.save_module(fused, output)

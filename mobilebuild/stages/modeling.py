@@ -1,6 +1,7 @@
 """What several stages share: building the recipe's model, its example input, and reading artifacts back."""
 
 import importlib
+import itertools
 import pickle
 import zipfile
 
@@ -57,6 +58,26 @@ def build_model(source, seed):
                                field=field) from None
     if not isinstance(model, torch.nn.Module):
         raise MobileBuildError(f"{name} returned {type(model).__name__}, expected a torch.nn.Module", field=field)
+    return model.eval()
+
+
+def restore_model(source, state_path):
+    """The recipe's model holding the weights of one of our own checkpoint artifacts.
+
+    Built on the meta device first: random initialisation of a large model costs more than loading it, and its
+    values would be overwritten anyway. Models that cannot be built that way are built normally.
+    """
+    state = load_state_dict_file(state_path, field="model.checkpoint")
+    try:
+        with torch.device("meta"):
+            model = build_model(source, seed=0)
+        model.load_state_dict(state, assign=True)
+        if not any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+            return model.eval()
+    except (MobileBuildError, RuntimeError, NotImplementedError):
+        pass
+    model = build_model(source, seed=0)
+    model.load_state_dict(state)
     return model.eval()
 
 

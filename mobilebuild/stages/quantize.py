@@ -52,8 +52,8 @@ def calibration_batches(calibration, input_config):
     return itertools.islice(produce(**calibration["kwargs"]), calibration["batches"])
 
 
-def prepared(model, engine):
-    """The model with stubs, the engine's qconfig and observers: ready to calibrate."""
+def prepared(model, engine, qconfig=None):
+    """The model with stubs, the engine's qconfig (or `qconfig`) and observers: ready to calibrate."""
     if engine not in torch.backends.quantized.supported_engines:
         raise MobileBuildError(f"this torch build has no {engine!r} quantized engine "
                                f"(has: {', '.join(torch.backends.quantized.supported_engines)})", field="targets")
@@ -61,7 +61,7 @@ def prepared(model, engine):
     if not any(isinstance(m, tq.QuantStub) for m in model.modules()):
         model = tq.QuantWrapper(model)  # float interface, quantized core (the NNAPI post's "core" mode)
     model.eval()
-    model.qconfig = tq.get_default_qconfig(engine)
+    model.qconfig = qconfig or tq.get_default_qconfig(engine)
     return tq.prepare(model, inplace=True)
 
 
@@ -80,9 +80,13 @@ def quantize(model, engine, batches):
 def load_quantized(fused_path, state_path, engine):
     """Quantized eager modules do not survive pickling, so the quantize stage stores a state_dict; the module
     structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it."""
+    # The observers' values are replaced by the stored ones: the cheapest observer gives the same structure, where
+    # the engine's HistogramObserver would spend its parameter search on nothing.
+    skeleton = tq.QConfig(activation=tq.MinMaxObserver.with_args(dtype=torch.quint8),
+                          weight=tq.get_default_qconfig(engine).weight)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # converting uncalibrated observers warns; their values are replaced
-        model = tq.convert(prepared(modeling.load_module(fused_path), engine), inplace=True)
+        warnings.simplefilter("ignore")  # converting uncalibrated observers warns
+        model = tq.convert(prepared(modeling.load_module(fused_path), engine, skeleton), inplace=True)
     model.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=False))
     return model.eval()
 
@@ -90,11 +94,4 @@ def load_quantized(fused_path, state_path, engine):
 def run(inputs, config, output):
     model = modeling.load_module(inputs["model"])
     quantized = quantize(model, config["engine"], calibration_batches(config["calibration"], config["input"]))
-    with torch.no_grad():
-        try:
-            quantized(modeling.example_input(config["input"]))
-        except (RuntimeError, NotImplementedError) as exc:
-            raise MobileBuildError(
-                f"the quantized model does not run: {modeling.first_line(exc)} (float-only operations such as "
-                "tensor '+' need FloatFunctional or a quantizable model variant)", field="quantize") from None
     torch.save(quantized.state_dict(), output)
