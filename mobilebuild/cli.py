@@ -1,14 +1,19 @@
 """`mobilebuild`: the same doit tasks as `doit` in the repository root, plus commands that need no build.
 
-    mobilebuild build [TASK...]      build everything (or the named tasks); doit options pass through
-    mobilebuild validate [PATH...]   check recipes (files or folders; default: recipes/) without building
+    mobilebuild build [TASK...]          build, verify, benchmark and report (or the named tasks); doit options pass
+    mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
+    mobilebuild bench [--baseline FILE] [--save-baseline FILE] [--tolerance 0.10]
+                                         benchmark every artifact; compare with, or save, a baseline of medians
+    mobilebuild report                   rewrite artifacts/report.{md,html} from existing results
+    mobilebuild graph [-o FILE]          the task graph as Graphviz DOT (SVG/PNG too where `dot` is installed)
     mobilebuild list|clean|forget|info ...   doit's own commands over the same tasks
 """
 
+import argparse
 import sys
 from pathlib import Path
 
-from mobilebuild import graph, recipe
+from mobilebuild import baseline, commands, graph, recipe
 from mobilebuild.errors import RecipeErrors
 
 
@@ -18,10 +23,10 @@ def run_doit(args):
 
     from mobilebuild import tasks
 
-    return DoitMain(ModuleTaskLoader(tasks)).run(args)
+    return DoitMain(ModuleTaskLoader(tasks), extra_config={"COMMAND": commands.PLUGINS}).run(args)
 
 
-def _recipe_files(paths, root):
+def _recipe_files(paths):
     for path in map(Path, paths):
         if path.is_dir():
             yield from sorted(p for p in path.rglob("*") if p.suffix in recipe.RECIPE_SUFFIXES and p.is_file())
@@ -32,7 +37,7 @@ def _recipe_files(paths, root):
 def validate(paths, root="."):
     """Check recipes and the graph they make; print one line per problem. Returns the exit status."""
     root = Path(root)
-    files = list(_recipe_files(paths, root)) if paths else recipe.discover(root)
+    files = list(_recipe_files(paths)) if paths else recipe.discover(root)
     if not files:
         print("no recipe files found", file=sys.stderr)
         return 2
@@ -48,14 +53,36 @@ def validate(paths, root="."):
     return 0
 
 
+def bench(args):
+    parser = argparse.ArgumentParser(prog="mobilebuild bench", description="Benchmark every artifact; gate on a "
+                                     "baseline of medians.")
+    parser.add_argument("--baseline", type=Path, help="fail when a target is slower than this saved baseline")
+    parser.add_argument("--save-baseline", type=Path, help="write the current medians to this file")
+    parser.add_argument("--tolerance", type=float, default=0.10, help="allowed slow-down (default 0.10: 10%%)")
+    options = parser.parse_args(args)
+    if options.baseline and not options.baseline.is_file():
+        parser.error(f"--baseline {options.baseline}: no such file")
+    status = run_doit(["run", "benchmark"])
+    from mobilebuild import report
+
+    manifests = report.load_manifests(graph.ARTIFACTS_DIR)
+    if options.save_baseline:
+        baseline.save(manifests, options.save_baseline)
+    if options.baseline and baseline.compare(manifests, options.baseline, options.tolerance):
+        return 1
+    return status
+
+
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("-h", "--help", "help") and len(args) == 1:
+    if args[:1] in (["-h"], ["--help"], ["help"]) and len(args) == 1:
         print(__doc__.strip())
         return 0
-    if args and args[0] == "validate":
+    if args[:1] == ["validate"]:
         return validate(args[1:])
-    if args and args[0] == "build":
+    if args[:1] == ["bench"]:
+        return bench(args[1:])
+    if args[:1] == ["build"]:
         return run_doit(["run", *args[1:]] if len(args) > 1 else ["run", "build"])
     return run_doit(args)
 

@@ -3,8 +3,10 @@
 Imported by the task layer, so it must not import torch itself: stage modules are imported when a node runs.
 """
 
+import contextlib
 import importlib
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from mobilebuild import store
+from mobilebuild import graph, store
 from mobilebuild.errors import MobileBuildError
 
 # Stages without tensors live outside mobilebuild.stages.
@@ -40,12 +42,14 @@ def run_node(node):
                 warnings.filterwarnings("ignore", category=category, module=module)
             module = stage_module(node.stage)
             with store.atomic_output(node.output) as tmp:
-                module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, tmp)
+                # A stage returns a message when what it wrote is a bad result rather than a broken input
+                # (a verification below threshold): the file is kept, and the task still fails.
+                verdict = module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, tmp)
     except MobileBuildError as exc:
         return TaskFailed(str(exc.located(node.recipe_file)))
     size = os.path.getsize(node.output)
     print(f"   {node.output} ({size / 1e6:.2f} MB, {time.perf_counter() - started:.1f} s)", flush=True)
-    return None
+    return TaskFailed(f"{node.recipe_file}: {verdict}") if verdict else None
 
 
 def clean_output(path):
@@ -59,3 +63,16 @@ def clean_output(path):
             directory.rmdir()
         except OSError:
             break
+
+
+def write_report():
+    from mobilebuild import report  # matplotlib: only when a report is written
+
+    report.main(graph.ARTIFACTS_DIR)
+
+
+def clean_plots():
+    plots = Path(graph.ARTIFACTS_DIR) / "plots"
+    shutil.rmtree(plots, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        plots.parent.rmdir()

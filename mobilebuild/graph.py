@@ -7,13 +7,13 @@ toolchain versions; the contents of its input files are tracked by doit as file 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mobilebuild import backends, toolchain
+from mobilebuild import backends, device, toolchain
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 
 ARTIFACTS_DIR = "artifacts"
 
 # Stage order, for listing and documentation; each is a doit task group.
-STAGES = ("train", "checkpoint", "fuse", "quantize", "script", "optimize", "manifest")
+STAGES = ("train", "checkpoint", "fuse", "quantize", "script", "optimize", "verify", "bench", "manifest")
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Node:
     inputs: dict  # role -> output path of an upstream node
     output: str
     files: tuple = ()  # files from outside the graph that the node reads
+    observes: tuple = ()  # results read when present, without waiting for them (they may fail: see tasks.py)
     describes: dict = field(default_factory=dict)  # backend/runtime, for the manifest
 
     @property
@@ -89,6 +90,15 @@ def recipe_nodes(recipe, root):
                  inputs={"checkpoint": checkpoint.output}, output=f"{out}/fused.pt", files=source_files, **common)
     nodes += [checkpoint, fused]
 
+    timing = {key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}
+    eager_bench = Node("bench", f"{recipe.name}-eager",
+                       config={"runtime": "eager", "model": source, "input": recipe.input, "timing": timing,
+                               "runs_on_host": True, "label": f"{recipe.name}-eager"},
+                       inputs={"checkpoint": checkpoint.output}, output=f"{out}/bench-eager.json", files=source_files,
+                       **common)
+    results = [eager_bench]
+    targets = []
+
     problems = []
     for target in recipe.targets:
         try:
@@ -118,22 +128,59 @@ def recipe_nodes(recipe, root):
                         config={"mode": recipe.script, "precision": route.precision, "engine": route.engine,
                                 "input": recipe.input},
                         inputs=model_inputs, output=f"{out}/scripted-{route.precision_tag}.pt", **common)
-        nodes.append(scripted)
-        nodes.append(Node(route.final_stage, f"{recipe.name}-{target.id}",
-                          config={"backend": route.backend, "engine": route.engine, "options": target.optimize,
-                                  "script_mode": recipe.script, "input": recipe.input},
-                          inputs={"scripted": scripted.output}, output=f"{out}/{recipe.name}-{target.id}{route.suffix}",
-                          describes={"backend": route.backend, "runtime": route.runtime, "target": target.id},
-                          **common))
+        final = Node(route.final_stage, f"{recipe.name}-{target.id}",
+                     config={"backend": route.backend, "engine": route.engine, "options": target.optimize,
+                             "script_mode": recipe.script, "input": recipe.input},
+                     inputs={"scripted": scripted.output}, output=f"{out}/{recipe.name}-{target.id}{route.suffix}",
+                     describes={"backend": route.backend, "runtime": route.runtime, "target": target.id}, **common)
+        nodes += [scripted, final]
+        runtime = {"runtime": route.runtime, "engine": route.engine, "input": recipe.input,
+                   "runs_on_host": route.runs_on_host}
+        results.append(Node(
+            "verify", f"{recipe.name}-{target.id}",
+            config={**runtime, "model": source, "precision": route.precision,
+                    **_verify_settings(recipe.verify, route.precision)},
+            inputs={"artifact": final.output, "checkpoint": checkpoint.output}, output=f"{out}/verify-{target.id}.json",
+            files=_source_files(root, recipe.model.get("factory"), recipe.verify.get("evaluation", {}).get("function")),
+            **common))
+        results.append(Node(
+            "bench", f"{recipe.name}-{target.id}",
+            config={**runtime, "timing": timing, "device": _device_settings(recipe.benchmark["device"], route),
+                    "label": f"{recipe.name}-{target.id}"},
+            inputs={"artifact": final.output}, output=f"{out}/bench-{target.id}.json", **common))
+        targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
+                        "precision": route.precision, "path": final.output, "runs_on_host": route.runs_on_host})
     if problems:
         raise RecipeErrors(problems)
 
-    merged = list({node.task_name: node for node in nodes}.values())
-    described = [{"stage": n.stage, "path": n.output, **n.describes} for n in merged]
-    manifest = Node("manifest", recipe.name,
-                    config={"recipe": recipe.name, "recipe_sha256": recipe.sha256, "artifacts": described},
-                    inputs={n.task_name: n.output for n in merged}, output=f"{out}/manifest.json", **common)
-    return merged + [manifest]
+    artifacts = list({node.task_name: node for node in nodes}.values())
+    manifest = Node(
+        "manifest", recipe.name,
+        config={"recipe": recipe.name, "recipe_file": recipe.file, "recipe_sha256": recipe.sha256,
+                "artifacts": [{"stage": n.stage, "path": n.output, **n.describes} for n in artifacts],
+                "targets": targets, "checkpoint": checkpoint.output,
+                "verification": {n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
+                                 if n.stage == "verify"},
+                "benchmarks": {n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
+                               if n.stage == "bench"}},
+        inputs={n.task_name: n.output for n in artifacts}, output=f"{out}/manifest.json",
+        observes=tuple(n.output for n in results), **common)
+    return artifacts + results + [manifest]
+
+
+def _verify_settings(verify, precision):
+    settings = {"samples": verify["samples"], "seed": verify["seed"], "thresholds": verify["thresholds"][precision]}
+    if "evaluation" in verify:
+        settings["evaluation"] = verify["evaluation"]
+    return settings
+
+
+def _device_settings(device_config, route):
+    """Which Android device benchmarks a TorchScript artifact; the selection keys the bench task."""
+    if route.runtime != "pytorch-mobile":
+        return None
+    return {"serial": device.select_device(device_config.get("serial")), "binary": device_config["binary"],
+            "use_bundled_input": device_config["use_bundled_input"]}
 
 
 def build(recipes, root):

@@ -41,6 +41,8 @@ class Recipe:
     fuse: object
     quantize: dict
     script: str
+    verify: dict
+    benchmark: dict
     targets: tuple = field(default_factory=tuple)
 
 
@@ -230,7 +232,7 @@ def load(path, root, cache=None):
     return Recipe(
         name=data["name"], file=file, sha256=hashlib.sha256(raw).hexdigest(), model=model,
         input=data["input"], fuse=data["fuse"], quantize=data["quantize"], script=data["script"],
-        targets=tuple(targets),
+        verify=data["verify"], benchmark=data["benchmark"], targets=tuple(targets),
     )
 
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from doit.exceptions import TaskError
+from doit.exceptions import TaskError, UnmetDependency
 from doit.reporter import ConsoleReporter
 
 
@@ -11,6 +11,10 @@ class Reporter(ConsoleReporter):
 
     def _write_failure(self, result, write_exception=True):
         failure = result["exception"]
+        if isinstance(failure, UnmetDependency):
+            if result["task"].actions:  # group tasks (build, verify...) only echo their members' failures
+                sys.stderr.write(f"skipped {result['task'].name}: it needs {failure.message.strip()}, which failed\n")
+            return None
         if isinstance(failure, TaskError):  # an unexpected exception: keep doit's traceback, it is a bug
             return super()._write_failure(result, write_exception)
         sys.stderr.write(f"ERROR: {result['task'].name}: {failure.message.strip()}\n")

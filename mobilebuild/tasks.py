@@ -11,11 +11,12 @@ from doit.tools import config_changed
 
 from mobilebuild import graph, recipe, store
 from mobilebuild.errors import RecipeErrors
-from mobilebuild.execute import clean_output, run_node
+from mobilebuild.execute import clean_output, clean_plots, run_node, write_report
 from mobilebuild.reporter import Reporter
 
 __all__ = ["DOIT_CONFIG", "task_train", "task_checkpoint", "task_fuse", "task_quantize", "task_script",
-           "task_optimize", "task_manifest", "task_build"]
+           "task_optimize", "task_verify", "task_bench", "task_manifest", "task_render_report", "task_benchmark",
+           "task_build"]
 
 
 
@@ -42,7 +43,11 @@ DOIT_CONFIG = {
     "verbosity": 2,
     "reporter": Reporter,
     "subtasks": True,  # `doit list` shows every artifact's task, e.g. optimize:mobilenet_v2-xnnpack
+    # One broken model, or one artifact failing verification, must not stop the rest of a monorepo's build; it
+    # also lets the manifests and the report record the failure. The exit status is still non-zero.
+    "continue": True,
 }
+REPORT_TARGETS = [f"{graph.ARTIFACTS_DIR}/report.md", f"{graph.ARTIFACTS_DIR}/report.html"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,6 +58,21 @@ def project_nodes(root):
         raise InvalidDodoFile(str(exc)) from None  # doit prints it without a traceback and exits non-zero
 
 
+class ObservedFiles:
+    """An uptodate check on files a task reads when they exist, without depending on the tasks that make them: the
+    manifest records verification results, including failed ones, whose tasks doit counts as failures."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def digest(self):
+        return {path: store.sha256_file(path) if os.path.exists(path) else None for path in self.paths}
+
+    def __call__(self, task, values):
+        task.value_savers.append(lambda: {"observed": self.digest()})
+        return values.get("observed") == self.digest()
+
+
 def _tasks(stage):
     for node in project_nodes(os.getcwd()):
         if node.stage == stage:
@@ -61,7 +81,7 @@ def _tasks(stage):
                 "actions": [(run_node, [node])],
                 "file_dep": node.dependencies(),
                 "targets": [node.output],
-                "uptodate": [config_changed(node.key())],
+                "uptodate": [config_changed(node.key()), *([ObservedFiles(node.observes)] if node.observes else [])],
                 "clean": [(clean_output, [node.output])],
                 "doc": f"{node.output} ({node.recipe_file})",
             }
@@ -97,11 +117,38 @@ def task_optimize():
     yield from _tasks("optimize")
 
 
+def task_verify():
+    """Compare each artifact with the fp32 eager model in its runtime (SQNR, cosine, max error, top-1, accuracy)."""
+    yield from _tasks("verify")
+
+
+def task_bench():
+    """Time each artifact, and the eager fp32 baseline, in a process of its own; device runs where attached."""
+    yield from _tasks("bench")
+
+
 def task_manifest():
     """artifacts/<recipe>/manifest.json: every file with its stage, target, sha256 and size."""
     yield from _tasks("manifest")
 
 
+def task_render_report():
+    """artifacts/report.md and report.html with tables and plots, from every recipe's manifest (`doit report`
+    rewrites them without building anything)."""
+    manifests = [n.output for n in project_nodes(os.getcwd()) if n.stage == "manifest"]
+    return {
+        "actions": [(write_report, [])],
+        "file_dep": manifests,
+        "targets": REPORT_TARGETS,
+        "clean": [(clean_output, [path]) for path in REPORT_TARGETS] + [(clean_plots, [])],
+    }
+
+
+def task_benchmark():
+    """Benchmark every artifact and refresh the report."""
+    return {"actions": None, "task_dep": ["bench", "manifest", "render_report"]}
+
+
 def task_build():
-    """Build every artifact of every recipe (the default)."""
-    return {"actions": None, "task_dep": [s for s in graph.STAGES], "doc": task_build.__doc__}
+    """Build, verify and benchmark every artifact of every recipe, then write the report (the default)."""
+    return {"actions": None, "task_dep": [*graph.STAGES, "render_report"]}

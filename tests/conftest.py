@@ -46,6 +46,7 @@ def tiny_recipe(name="tiny", **overrides):
         "input": {"shape": [1, 3, 8, 8]},
         "quantize": {"calibration": {"source": "random", "batches": 2, "seed": 0}},
         "script": "trace",
+        "benchmark": {"warmup": 1, "iters": 5},
         "targets": [{"backend": "xnnpack"}, {"backend": "qnnpack"}],
     }
     recipe.update(overrides)

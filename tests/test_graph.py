@@ -18,10 +18,22 @@ def test_fused_model_is_shared_and_each_target_gets_its_chain(tmp_path):
     nodes = nodes_for(tmp_path, tiny_recipe())
     assert sorted(nodes) == sorted([
         "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
-        "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "manifest:tiny"])
+        "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "verify:tiny-xnnpack", "verify:tiny-qnnpack",
+        "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny"])
     assert nodes["script:tiny-fp32"].inputs == {"model": "artifacts/tiny/fused.pt"}
     assert nodes["quantize:tiny-qnnpack"].inputs == {"model": "artifacts/tiny/fused.pt"}
     assert nodes["optimize:tiny-xnnpack"].output == "artifacts/tiny/tiny-xnnpack.ptl"
+
+
+def test_verification_and_benchmarks_are_observed_not_awaited_by_the_manifest(tmp_path):
+    nodes = nodes_for(tmp_path, tiny_recipe())
+    manifest = nodes["manifest:tiny"]
+    results = {"artifacts/tiny/verify-xnnpack.json", "artifacts/tiny/verify-qnnpack.json",
+               "artifacts/tiny/bench-eager.json", "artifacts/tiny/bench-xnnpack.json", "artifacts/tiny/bench-qnnpack.json"}
+    assert set(manifest.observes) == results
+    assert not results & set(manifest.dependencies())
+    assert nodes["verify:tiny-qnnpack"].config["thresholds"]["sqnr_db"] == 15
+    assert nodes["verify:tiny-xnnpack"].config["thresholds"]["sqnr_db"] == 40
 
 
 def test_targets_of_one_precision_share_the_scripted_model(tmp_path):

@@ -11,7 +11,8 @@ from mobilebuild import store
 
 ALL_TASKS = sorted([
     "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
-    "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "manifest:tiny",
+    "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "verify:tiny-xnnpack", "verify:tiny-qnnpack",
+    "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny",
 ])
 
 
@@ -35,16 +36,16 @@ def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     project.doit()
     changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 3, "seed": 0}})
     project.write_recipe(changed)
-    assert project.doit() == ["manifest:tiny", "optimize:tiny-qnnpack", "quantize:tiny-qnnpack",
-                              "script:tiny-int8-qnnpack"]
+    assert project.doit() == ["bench:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
+                              "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verify:tiny-qnnpack"]
 
 
 def test_changing_one_targets_blocklist_rebuilds_that_target_alone(project):
     project.write_recipe(tiny_recipe())
     project.doit()
-    targets = [{"backend": "xnnpack", "optimize": {"blocklist": ["FUSE_ADD_RELU"]}}, {"backend": "qnnpack"}]
+    targets = [{"backend": "xnnpack", "optimize": {"blocklist": ["INSERT_FOLD_PREPACK_OPS"]}}, {"backend": "qnnpack"}]
     project.write_recipe(tiny_recipe(targets=targets))
-    assert project.doit() == ["manifest:tiny", "optimize:tiny-xnnpack"]
+    assert project.doit() == ["bench:tiny-xnnpack", "manifest:tiny", "optimize:tiny-xnnpack", "verify:tiny-xnnpack"]
 
 
 def test_changing_the_factory_source_rebuilds_from_the_checkpoint(project):
@@ -82,13 +83,45 @@ def test_manifest_lists_every_file_with_hash_and_size(project):
     assert set(manifest["toolchain"]) >= {"python", "torch", "torchvision", "mobilebuild"}
     by_path = {entry["path"]: entry for entry in manifest["artifacts"]}
     assert set(by_path) == {p.relative_to(project.root / "artifacts").as_posix()
-                            for p in project.artifact("tiny").iterdir() if p.name != "manifest.json"}
+                            for p in project.artifact("tiny").glob("*.p*")}  # .pt, .ptl: not the JSON results
     for path, entry in by_path.items():
         assert entry["sha256"] == store.sha256_file(project.artifact(path))
         assert entry["bytes"] == project.artifact(path).stat().st_size
     assert by_path["tiny/tiny-qnnpack.ptl"]["backend"] == "qnnpack"
     assert by_path["tiny/tiny-qnnpack.ptl"]["runtime"] == "pytorch-mobile"
     assert by_path["tiny/tiny-qnnpack.ptl"]["stage"] == "optimize"
+    assert [(t["target"], t["precision"], t["status"]) for t in manifest["targets"]] == [
+        ("xnnpack", "fp32", "passed"), ("qnnpack", "int8", "passed")]
+    assert manifest["verification"]["xnnpack"]["metrics"]["sqnr_db"] > 80
+    assert manifest["verification"]["qnnpack"]["samples"] == 16
+    assert set(manifest["benchmarks"]) == {"eager", "xnnpack", "qnnpack"}
+    for result in manifest["benchmarks"].values():
+        assert result["status"] == "ran" and result["iters"] == 5 and result["threads"] == 1
+        assert 0 < result["p10_ms"] <= result["median_ms"] <= result["p90_ms"]
+        assert result["peak_rss_mb"] > 0 and result["load_ms"] > 0
+    assert manifest["benchmarks"]["xnnpack"]["device"]["status"] == "skipped"
+    assert (project.root / "artifacts" / "report.html").is_file()
+
+
+def test_a_failing_verification_fails_with_its_numbers_and_is_marked_in_the_manifest(project):
+    recipe = tiny_recipe(verify={"thresholds": {"int8": {"sqnr_db": 200}}})
+    project.write_recipe(recipe)
+    result = project.run()
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith("ERROR: verify:tiny-qnnpack: recipes/tiny.yaml: verification failed: sqnr_db ")
+    assert "< 200 (thresholds: verify.thresholds.int8)" in errors[0]
+    manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
+    assert {t["target"]: t["status"] for t in manifest["targets"]} == {"xnnpack": "passed", "qnnpack": "failed"}
+    assert manifest["verification"]["qnnpack"]["failures"][0].startswith("sqnr_db ")
+    assert "FAILED" in (project.root / "artifacts" / "report.md").read_text()
+
+    project.write_recipe(tiny_recipe())  # thresholds back to the defaults
+    assert "verify:tiny-qnnpack" in project.doit()
+    manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
+    assert {t["target"]: t["status"] for t in manifest["targets"]} == {"xnnpack": "passed", "qnnpack": "passed"}
+    assert project.doit() == []
 
 
 def test_a_bad_checkpoint_fails_in_one_line_and_leaves_no_artifact(project):

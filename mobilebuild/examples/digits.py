@@ -60,6 +60,11 @@ def calibration_batches(batch_size=1):
         yield images[start:start + batch_size]
 
 
+def evaluation_data():
+    """The held-out images and their labels: what verify measures accuracy on."""
+    return load_split("test")
+
+
 def accuracy(model, part="test"):
     images, labels = load_split(part)
     with torch.no_grad():

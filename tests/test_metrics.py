@@ -1,0 +1,53 @@
+"""The metric code on cases computed by hand."""
+
+import math
+
+import pytest
+import torch
+
+from mobilebuild import metrics
+
+REF = torch.tensor([1.0, 2.0, 3.0, 4.0])
+OUT = torch.tensor([1.0, 2.0, 3.0, 5.0])
+
+
+def test_sqnr_by_hand():
+    # signal mean(ref^2) = 30/4 = 7.5; noise mean(err^2) = 1/4; 10 log10(30) dB
+    assert metrics.sqnr_db(REF, OUT) == pytest.approx(10 * math.log10(30.0))
+    assert metrics.sqnr_db(REF, OUT) == pytest.approx(14.7712, abs=1e-4)
+    assert metrics.sqnr_db(REF, REF) == math.inf
+
+
+def test_sqnr_ignores_scale():
+    assert metrics.sqnr_db(REF * 1e-9, OUT * 1e-9) == pytest.approx(metrics.sqnr_db(REF, OUT))
+
+
+def test_cosine_by_hand():
+    # ref.out = 1 + 4 + 9 + 20 = 34; |ref| = sqrt(30); |out| = sqrt(39)
+    assert metrics.cosine(REF, OUT) == pytest.approx(34 / math.sqrt(30 * 39))
+    assert metrics.cosine(REF, -REF) == pytest.approx(-1.0)
+
+
+def test_max_relative_error_by_hand():
+    # worst |err| = 1; reference range = 4 - 1 = 3
+    assert metrics.max_rel_error(REF, OUT) == pytest.approx(1 / 3)
+    assert metrics.max_rel_error(REF * 1e-9, OUT * 1e-9) == pytest.approx(1 / 3)
+
+
+def test_top1_agreement_and_accuracy_by_hand():
+    reference = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
+    output = torch.tensor([[0.8, 0.2], [0.7, 0.3], [0.6, 0.4], [0.1, 0.9]])
+    labels = torch.tensor([0, 1, 1, 1])
+    assert metrics.top1_agreement(reference, output) == pytest.approx(0.75)
+    assert metrics.top1_agreement(REF, OUT) is None  # not class scores
+    found = metrics.compare(reference, output, labels)
+    assert found["accuracy_reference"] == pytest.approx(0.75)
+    assert found["accuracy_artifact"] == pytest.approx(0.5)
+    assert found["accuracy_drop"] == pytest.approx(0.25)
+
+
+def test_failures_name_the_metric_value_and_limit():
+    found = metrics.compare(REF, OUT)
+    assert metrics.failures(found, {"sqnr_db": 20, "cosine": 0.99, "max_rel_error": 0.1, "top1_agreement": 1.0}) \
+        == ["max_rel_error 0.3333 > 0.1", "sqnr_db 14.77 < 20"]
+    assert metrics.failures(found, {"sqnr_db": 10}) == []

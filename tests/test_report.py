@@ -1,0 +1,339 @@
+"""report.md, report.html and the plots, from hand-made manifests: values computed by hand, broken input survived."""
+
+import copy
+import json
+import sys
+
+import numpy as np
+import pytest
+from matplotlib import image
+
+from mobilebuild import report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TOOLCHAIN = {"mobilebuild": "0.1.0", "python": "3.11.7", "torch": "2.12.1", "torchvision": "0.27.1"}
+HOST = {"cores": 2, "cpu": "Intel Xeon", "machine": "x86_64"}
+NO_ADB = {"status": "skipped", "reason": "adb not on PATH"}
+
+
+def benchmark(runtime, median, p10, p90, size):
+    return {"status": "ran", "runtime": runtime, "threads": 1, "warmup": 5, "iters": 200, "median_ms": median,
+            "p10_ms": p10, "p90_ms": p90, "mean_ms": median, "stdev_ms": 0.2, "load_ms": 120.0, "peak_rss_mb": 300.0,
+            "artifact_bytes": size, "host": HOST, "toolchain": TOOLCHAIN, "device": NO_ADB}
+
+
+def verification(status, metrics, failures=(), precision="fp32", sqnr_threshold=40):
+    return {"status": status, "reason": None, "precision": precision, "data": "random", "samples": 16,
+            "metrics": {"accuracy_reference": None, "accuracy_artifact": None, **metrics},
+            "thresholds": {"sqnr_db": sqnr_threshold, "cosine": 0.9999, "max_rel_error": 0.01,
+                           "top1_agreement": 0.99},
+            "failures": list(failures)}
+
+
+def target(name, backend, precision, size, status):
+    return {"target": name, "backend": backend, "runtime": "pytorch-mobile", "precision": precision,
+            "path": f"mnv2/mnv2-{name}.ptl", "bytes": size, "runs_on_host": True, "status": status}
+
+
+def full_manifest():
+    """Eager 12.6 ms and 14.0 MB; xnnpack 6.0 ms and 14.7 MB (passed); qnnpack 4.2 ms and 3.5 MB (failed)."""
+    return {
+        "recipe": "mnv2",
+        "recipe_file": "recipes/mnv2.yaml",
+        "recipe_sha256": "0123456789ab" + "f" * 52,
+        "toolchain": TOOLCHAIN,
+        "artifacts": [],
+        "targets": [target("xnnpack", "xnnpack", "fp32", 14_700_000, "passed"),
+                    target("qnnpack", "qnnpack", "int8", 3_500_000, "failed")],
+        "verification": {
+            "xnnpack": verification("passed", {"sqnr_db": 104.34, "cosine": 1.0, "max_rel_error": 1e-6,
+                                               "top1_agreement": 1.0}),
+            "qnnpack": verification("failed", {"sqnr_db": 12.46, "cosine": 0.973148, "max_rel_error": 0.21,
+                                               "top1_agreement": 0.5},
+                                    ["sqnr_db 12.46 < 20", "top1_agreement 0.5 < 0.99"], "int8", 20),
+        },
+        "benchmarks": {"eager": benchmark("eager", 12.6, 12.1, 13.4, 14_000_000),
+                       "xnnpack": benchmark("pytorch-mobile", 6.0, 5.8, 6.5, 14_700_000),
+                       "qnnpack": benchmark("pytorch-mobile", 4.2, 4.0, 5.1, 3_500_000)},
+    }
+
+
+def write(manifests, out_dir):
+    paths = report.write_report(manifests, out_dir)
+    return paths, (out_dir / "report.md").read_text(), (out_dir / "report.html").read_text()
+
+
+def test_full_manifest_computes_speed_up_and_size_ratio_against_eager(tmp_path):
+    paths, markdown, page = write([full_manifest()], tmp_path)
+
+    assert paths == [tmp_path / "plots" / "mnv2-latency.png", tmp_path / "plots" / "mnv2-size-latency.png",
+                     tmp_path / "report.md", tmp_path / "report.html"]
+    # speed-up = eager median / target median: 12.6 / 6.0 = 2.10, 12.6 / 4.2 = 3.00;
+    # size ratio = target bytes / eager bytes: 14.7 / 14.0 = 1.05, 3.5 / 14.0 = 0.25.
+    assert ("| eager fp32 | — | eager | fp32 | 14.00 | 12.60 | 13.40 | 1.00x | 1.00x | — | — | — | — | reference |"
+            in markdown)
+    assert ("| xnnpack | xnnpack | pytorch-mobile | fp32 | 14.70 | 6.00 | 6.50 | 2.10x | 1.05x | 104.3 | 1.000000 "
+            "| 1.00e-06 | 1.000 | passed |" in markdown)
+    assert ("| qnnpack | qnnpack | pytorch-mobile | int8 | 3.50 | 4.20 | 5.10 | 3.00x | 0.25x | 12.5 | 0.973148 "
+            "| 2.10e-01 | 0.500 | FAILED |" in markdown)
+    assert "accuracy" not in markdown.split("| target |")[1].split("\n")[0]  # no labelled data: no column
+    assert "- Toolchain: mobilebuild 0.1.0, python 3.11.7, torch 2.12.1, torchvision 0.27.1" in markdown
+    assert "- Host: cores 2, cpu Intel Xeon, machine x86_64" in markdown
+    assert "- mnv2: 2 target(s): 1 passed, 1 FAILED" in markdown
+    assert "Recipe recipes/mnv2.yaml, sha256 0123456789ab." in markdown
+    assert "- qnnpack: sqnr_db 12.46 < 20\n- qnnpack: top1_agreement 0.5 < 0.99" in markdown
+    assert "- device: skipped (adb not on PATH)" in markdown
+    assert "![mnv2: median latency on the host, p10-p90](plots/mnv2-latency.png)" in markdown
+    assert "](plots/mnv2-size-latency.png)" in markdown
+
+    # The HTML page says the same, with the failed row marked.
+    assert '<td class="num">2.10x</td>' in page and '<td class="num">0.25x</td>' in page
+    failed_row = next(line for line in page.splitlines() if line.startswith("<tr") and ">qnnpack<" in line)
+    assert failed_row.startswith('<tr class="failed">') and '<td class="status">FAILED</td>' in failed_row
+    assert '<img src="plots/mnv2-latency.png"' in page and '<img src="plots/mnv2-size-latency.png"' in page
+    assert "<li>qnnpack: sqnr_db 12.46 &lt; 20</li>" in page
+
+
+def test_html_is_self_contained(tmp_path):
+    _, _, page = write([full_manifest()], tmp_path)
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "<style>" in page
+    for external in ("<script", "<link", "http://", "https://", "@import", "url("):
+        assert external not in page
+
+
+def test_plots_are_real_pngs(tmp_path):
+    paths, _, _ = write([full_manifest()], tmp_path)
+    for path in paths[:2]:
+        assert path.read_bytes().startswith(PNG_SIGNATURE)
+        pixels = image.imread(path)
+        assert pixels.shape[:2] == (450, 800)  # 8 x 4.5 inches at 100 dpi
+        assert len(np.unique(pixels.reshape(-1, pixels.shape[2]), axis=0)) > 50  # drawn, not a blank canvas
+    assert not list(tmp_path.rglob("*.partial-*"))
+
+
+def _has_colour(path, rgb, tolerance=0.02):
+    pixels = image.imread(path)[:, :, :3]
+    return bool((np.abs(pixels - np.array(rgb) / 255).max(axis=2) < tolerance).any())
+
+
+def test_the_failed_target_is_drawn_in_red_and_a_passing_one_is_not(tmp_path):
+    red = (0xCF, 0x22, 0x2E)
+    write([full_manifest()], tmp_path / "one_failed")
+    assert _has_colour(tmp_path / "one_failed" / "plots" / "mnv2-latency.png", red)
+
+    passing = full_manifest()
+    passing["targets"][1]["status"] = "passed"
+    write([passing], tmp_path / "all_passed")
+    assert not _has_colour(tmp_path / "all_passed" / "plots" / "mnv2-latency.png", red)
+
+
+def test_output_is_byte_identical_for_the_same_input(tmp_path):
+    manifests = [full_manifest(), {**full_manifest(), "recipe": "second"}]
+    first = {p.name: p.read_bytes() for p in report.write_report(manifests, tmp_path)}
+    again = {p.name: p.read_bytes() for p in report.write_report(copy.deepcopy(manifests), tmp_path)}
+    elsewhere = {p.name: p.read_bytes() for p in report.write_report(manifests, tmp_path / "elsewhere")}
+    assert sorted(first) == ["mnv2-latency.png", "mnv2-size-latency.png", "report.html", "report.md",
+                             "second-latency.png", "second-size-latency.png"]
+    assert first == again == elsewhere
+
+
+def test_not_run_on_host_skipped_and_missing_benchmarks_show_their_reasons(tmp_path):
+    manifest = full_manifest()
+    manifest["targets"][0]["status"] = "not run on host"
+    manifest["verification"]["xnnpack"] = {  # as the verify stage writes it for a target the host cannot run
+        "status": "not run on host", "reason": "needs an ARM CPU", "precision": "fp32", "data": None, "samples": 0,
+        "metrics": None, "thresholds": {"sqnr_db": 40}, "failures": []}
+    manifest["benchmarks"]["xnnpack"] = {"status": "skipped", "reason": "artifact does not load on x86"}
+    del manifest["benchmarks"]["qnnpack"]
+    del manifest["verification"]["qnnpack"]
+    manifest["targets"][1]["status"] = "not verified"
+    _, markdown, page = write([manifest], tmp_path)
+
+    assert ("| xnnpack | xnnpack | pytorch-mobile | fp32 | 14.70 | — | — | — | 1.05x | — | — | — | — "
+            "| not run on host (needs an ARM CPU) |" in markdown)
+    assert ("| qnnpack | qnnpack | pytorch-mobile | int8 | 3.50 | — | — | — | 0.25x | — | — | — | — "
+            "| not verified |" in markdown)
+    assert "- benchmark xnnpack: skipped (artifact does not load on x86)" in markdown
+    assert "- benchmark qnnpack: not run (none in the manifest)" in markdown
+    assert "- mnv2: 2 target(s): 1 not run on host, 1 not verified" in markdown
+    assert "verification (" not in markdown  # nothing was checked: no samples or thresholds to speak of
+    assert "needs an ARM CPU" in page and "artifact does not load on x86" in page
+    assert (tmp_path / "plots" / "mnv2-latency.png").exists()  # eager still ran: there is something to plot
+
+
+def test_device_results_that_differ_are_listed_per_benchmark(tmp_path):
+    manifest = full_manifest()
+    manifest["benchmarks"]["xnnpack"]["device"] = {"status": "ran", "serial": "emulator-5554", "mean_ms": 3.25,
+                                                   "us_per_iter": 3250.0, "raw": ["..."]}
+    manifest["benchmarks"]["qnnpack"]["device"] = {"status": "failed", "reason": "adb push: no space left"}
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "- device (eager fp32): skipped (adb not on PATH)" in markdown
+    assert "- device (xnnpack): ran on emulator-5554, mean 3.25 ms" in markdown  # the binary reports a mean
+    assert "- device (qnnpack): failed (adb push: no space left)" in markdown
+    assert "- device: " not in markdown
+
+
+def test_device_lines_name_the_benchmarks_they_cover(tmp_path):
+    manifest = full_manifest()
+    del manifest["benchmarks"]["eager"]["device"]  # the eager baseline runs on the host only
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "- device (xnnpack, qnnpack): skipped (adb not on PATH)" in markdown
+
+
+def test_without_eager_there_is_no_speed_up_and_the_report_says_why(tmp_path):
+    manifest = full_manifest()
+    del manifest["benchmarks"]["eager"]
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "| eager fp32 | — | eager | fp32 | — | — | — | — | — | — | — | — | — | reference |" in markdown
+    assert "| xnnpack | xnnpack | pytorch-mobile | fp32 | 14.70 | 6.00 | 6.50 | — | — |" in markdown
+    assert "- benchmark eager fp32: not run (none in the manifest): no speed-up or size ratio" in markdown
+
+
+def test_a_recipe_without_benchmarks_gets_no_plots(tmp_path):
+    manifest = full_manifest()
+    del manifest["benchmarks"]
+    paths, markdown, page = write([manifest], tmp_path)
+    assert paths == [tmp_path / "report.md", tmp_path / "report.html"]
+    assert not (tmp_path / "plots").exists()
+    assert "No plots: no benchmark ran for this recipe." in markdown and "No plots" in page
+    assert "- Host: no benchmark recorded one" in markdown
+
+
+def test_accuracy_column_appears_with_labelled_data(tmp_path):
+    manifest = full_manifest()
+    manifest["verification"]["qnnpack"]["metrics"].update(accuracy_reference=0.9917, accuracy_artifact=0.95)
+    manifest["verification"]["xnnpack"]["metrics"]["top1_agreement"] = None  # as a non-classifier has
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "| top-1 agreement | accuracy (reference -> artifact) | status |" in markdown
+    assert "| 0.25x | 12.5 | 0.973148 | 2.10e-01 | 0.500 | 99.2% -> 95.0% | FAILED |" in markdown
+    assert "| 1.00x | — | — | — | — | 99.2% | reference |" in markdown  # eager is the reference
+    assert "| 1.00e-06 | — | — | passed |" in markdown
+
+
+def test_html_escapes_every_text_from_the_manifest(tmp_path):
+    manifest = full_manifest()
+    manifest["recipe"] = "x<b>"
+    manifest["targets"][0].update(target="<script>alert(1)</script>", status="not run on host",
+                                  reason='needs <NEON> & "fp16"')
+    _, markdown, page = write([manifest], tmp_path)
+    assert "<script" not in page and "<b>" not in page and "<NEON>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "not run on host (needs &lt;NEON&gt; &amp; &quot;fp16&quot;)" in page
+    assert "<h2>x&lt;b&gt;</h2>" in page
+    assert (tmp_path / "plots" / "x_b_-latency.png").exists()  # and the file name is made safe
+    assert 'not run on host (needs <NEON> & "fp16")' in markdown
+
+
+def test_markdown_keeps_a_multi_line_reason_with_pipes_inside_its_table_cell(tmp_path):
+    manifest = full_manifest()
+    manifest["targets"][0]["status"] = "not run on host"
+    manifest["targets"][0]["reason"] = "a | b\nTraceback: line 2"
+    _, markdown, _ = write([manifest], tmp_path)
+    row = next(line for line in markdown.splitlines() if line.startswith("| xnnpack |"))
+    assert row.endswith("| not run on host (a \\| b Traceback: line 2) |")
+    assert row.replace("\\|", "").count("|") == 15  # 14 columns, like the header
+
+
+@pytest.mark.parametrize("broken", [
+    {},
+    {"recipe": "bad", "targets": "not a list", "verification": [], "benchmarks": 3},
+    {"recipe": "bad", "targets": [None, {"target": "t", "bytes": "big", "status": None}],
+     "verification": {"t": {"metrics": {"sqnr_db": "high", "cosine": True}, "failures": None}},
+     "benchmarks": {"eager": {"status": "ran", "median_ms": 0, "host": "?", "device": "?"},
+                    "t": {"status": "ran", "median_ms": float("nan"), "p10_ms": "x"}}},
+    {"recipe": "inf", "targets": [{"target": "t", "bytes": 10, "status": "passed"}],
+     "verification": {"t": {"status": "passed", "metrics": {"sqnr_db": float("inf"), "max_rel_error": 0.0}}},
+     "benchmarks": {"eager": {"status": "ran", "median_ms": 2.0, "p10_ms": 3.0, "p90_ms": 1.0, "artifact_bytes": 0},
+                    "t": {"status": "ran", "median_ms": 1.0}}},
+], ids=["empty", "wrong-types", "wrong-values", "inf-and-zero"])
+def test_malformed_manifests_render_without_crashing(tmp_path, broken):
+    _, markdown, page = write([broken], tmp_path)
+    assert markdown.startswith("# mobilebuild report") and "</html>" in page
+    assert "| eager fp32 |" in markdown
+
+
+def test_an_infinite_sqnr_and_a_zero_size_baseline_are_shown_not_divided(tmp_path):
+    manifest = {"recipe": "inf", "targets": [{"target": "t", "bytes": 10, "status": "passed"}],
+                "verification": {"t": {"status": "passed", "metrics": {"sqnr_db": float("inf")}}},
+                "benchmarks": {"eager": {"status": "ran", "median_ms": 2.0, "artifact_bytes": 0},
+                               "t": {"status": "ran", "median_ms": 1.0}}}
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "| t | — | — | — | 0.000 | 1.00 | — | 2.00x | — | inf | — | — | — | passed |" in markdown
+
+
+def test_small_models_keep_three_decimals_of_size_and_latency(tmp_path):
+    manifest = {"recipe": "tiny", "targets": [{"target": "t", "bytes": 9_400, "status": "passed"}],
+                "benchmarks": {"eager": {"status": "ran", "median_ms": 0.093, "p90_ms": 0.1049,
+                                         "artifact_bytes": 4_700},
+                               "t": {"status": "ran", "median_ms": 0.031, "p90_ms": 0.0404}}}
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "| eager fp32 | — | eager | fp32 | 0.005 | 0.093 | 0.105 | 1.00x | 1.00x |" in markdown
+    assert "| t | — | — | — | 0.009 | 0.031 | 0.040 | 3.00x | 2.00x |" in markdown
+
+
+def test_an_older_manifest_without_targets_takes_them_from_its_artifacts(tmp_path):
+    older = {"recipe": "digits", "toolchain": TOOLCHAIN, "artifacts": [
+        {"stage": "script", "target": None, "path": "digits/scripted-fp32.pt", "bytes": 181249},
+        {"stage": "optimize", "backend": "xnnpack", "runtime": "pytorch-mobile", "target": "xnnpack",
+         "path": "digits/digits-xnnpack.ptl", "bytes": 164359}]}
+    _, markdown, _ = write([older], tmp_path)
+    assert ("| xnnpack | xnnpack | pytorch-mobile | — | 0.164 | — | — | — | — | — | — | — | — "
+            "| not verified |" in markdown)
+    assert "scripted" not in markdown
+    assert "written by an older mobilebuild" in markdown
+
+
+def test_a_benchmark_toolchain_that_differs_from_the_build_is_listed_apart(tmp_path):
+    manifest = full_manifest()
+    manifest["benchmarks"]["qnnpack"]["toolchain"] = {**TOOLCHAIN, "torch": "2.13.0"}
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "- Toolchain (mnv2): mobilebuild 0.1.0, python 3.11.7, torch 2.12.1, torchvision 0.27.1" in markdown
+    assert "- Toolchain (mnv2 qnnpack benchmark): mobilebuild 0.1.0, python 3.11.7, torch 2.13.0" in markdown
+
+
+def test_without_matplotlib_the_report_is_still_written(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    paths, markdown, _ = write([full_manifest()], tmp_path)
+    assert paths == [tmp_path / "report.md", tmp_path / "report.html"]
+    assert "No plots: matplotlib is not installed." in markdown
+
+
+def _manifest_file(artifacts, directory, document):
+    (artifacts / directory).mkdir(parents=True)
+    path = artifacts / directory / "manifest.json"
+    path.write_text(document if isinstance(document, str) else json.dumps(document))
+    return path
+
+
+def test_load_manifests_sorts_by_recipe_and_skips_unreadable_ones(tmp_path, capsys):
+    _manifest_file(tmp_path, "a_dir", {"recipe": "zeta"})
+    _manifest_file(tmp_path, "b_dir", {"recipe": "alpha"})
+    corrupt = _manifest_file(tmp_path, "c_dir", '{"recipe": "half-writ')
+    a_list = _manifest_file(tmp_path, "d_dir", "[1, 2]")
+    (tmp_path / "e_dir").mkdir()  # a recipe whose manifest is not built yet
+
+    assert [m["recipe"] for m in report.load_manifests(tmp_path)] == ["alpha", "zeta"]
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 2
+    assert warnings[0].startswith(f"warning: {corrupt}: skipped, not readable as JSON (")
+    assert warnings[1] == f"warning: {a_list}: skipped, expected a JSON object, got list"
+
+
+def test_main_writes_the_report_or_says_there_is_nothing_to_report(tmp_path, capsys):
+    assert report.main(tmp_path) == 2
+    assert "no manifests in" in capsys.readouterr().err
+
+    _manifest_file(tmp_path, "mnv2", full_manifest())
+    assert report.main(tmp_path) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path / "report.html") in out and "2 plot(s)" in out
+    assert (tmp_path / "report.md").read_text().startswith("# mobilebuild report")
+    assert (tmp_path / "plots" / "mnv2-size-latency.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_report_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, mobilebuild.report; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
