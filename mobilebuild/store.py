@@ -10,6 +10,15 @@ from pathlib import Path
 TEMP_MARKER = ".partial-"
 
 
+def _current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 @contextlib.contextmanager
 def atomic_output(path):
     """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds.
@@ -21,6 +30,7 @@ def atomic_output(path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARKER}", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's private 0600 would make released artifacts unreadable to others
     os.close(fd)
     tmp = Path(tmp)
     try:

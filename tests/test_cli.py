@@ -1,10 +1,12 @@
 """The `mobilebuild` command: the same tasks as doit, and validation without a build."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import tiny_recipe
+import pytest
+from conftest import REPO, Project, tiny_recipe
 
 MOBILEBUILD = str(Path(sys.executable).with_name("mobilebuild"))
 
@@ -51,3 +53,52 @@ def test_build_runs_the_doit_tasks(project):
     assert "-- optimize:tiny-xnnpack" in again.stdout and ".  " not in again.stdout
     listed = mobilebuild(project, "list")
     assert "optimize:tiny-xnnpack" in listed.stdout
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One tiny project, built once, for the commands that read what a build left."""
+    project = Project(tmp_path_factory.mktemp("built"))
+    project.write_recipe(tiny_recipe())
+    project.doit()
+    return project
+
+
+def test_report_rewrites_the_report_without_building(built):
+    (built.root / "artifacts" / "report.md").unlink()
+    result = mobilebuild(built, "report")
+    assert result.returncode == 0, result.stderr
+    assert ".  " not in result.stdout  # no task ran
+    report = (built.root / "artifacts" / "report.md").read_text()
+    assert "## tiny" in report and "| xnnpack | xnnpack | pytorch-mobile | fp32 |" in report
+    assert (built.root / "artifacts" / "plots" / "tiny-latency.png").is_file()
+
+
+def test_graph_writes_dot_with_the_dependencies(built):
+    result = mobilebuild(built, "graph", "-o", "graph.dot")
+    assert result.returncode == 0, result.stderr
+    dot = (built.root / "graph.dot").read_text()
+    assert dot.startswith("digraph mobilebuild {")
+    for edge in ['"fuse:tiny" -> "script:tiny-fp32"', '"optimize:tiny-xnnpack" -> "verify:tiny-xnnpack"',
+                 '"checkpoint:tiny" -> "bench:tiny-eager"', '"quantize:tiny-qnnpack" -> "script:tiny-int8-qnnpack"']:
+        assert edge in dot
+
+
+def test_report_and_graph_are_doit_commands_through_pyproject(built):
+    (built.root / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    result = built.run("graph", "-o", "from-doit.dot")
+    assert result.returncode == 0, result.stderr
+    assert (built.root / "from-doit.dot").read_text().startswith("digraph")
+    assert built.run("report").returncode == 0
+
+
+def test_bench_gate_passes_on_its_own_baseline_and_fails_on_a_faster_one(built):
+    saved = built.root / "baseline.json"
+    assert mobilebuild(built, "bench", "--save-baseline", str(saved)).returncode == 0
+    medians = json.loads(saved.read_text())["median_ms"]
+    assert set(medians) == {"tiny/eager", "tiny/xnnpack", "tiny/qnnpack"}
+    assert mobilebuild(built, "bench", "--baseline", str(saved), "--tolerance", "5").returncode == 0
+    saved.write_text(json.dumps({"median_ms": {key: value / 100 for key, value in medians.items()}}))
+    result = mobilebuild(built, "bench", "--baseline", str(saved))
+    assert result.returncode == 1
+    assert "3 target(s) slower than the baseline by more than 10%: tiny/eager" in result.stderr

@@ -59,3 +59,18 @@ def test_digits_int8_keeps_its_accuracy_on_held_out_images(built):
         scores[target] = (predictions == labels).float().mean().item()
     assert scores["xnnpack"] > 0.95
     assert scores["qnnpack"] > scores["xnnpack"] - 0.02
+    verification = json.loads((built / "artifacts/digits/manifest.json").read_text())["verification"]
+    for target, score in scores.items():
+        assert verification[target]["data"] == "evaluation" and verification[target]["samples"] == len(labels)
+        assert verification[target]["metrics"]["accuracy_artifact"] == pytest.approx(score)
+
+
+def test_the_report_covers_every_example_with_plots(built):
+    report = (built / "artifacts/report.md").read_text()
+    html = (built / "artifacts/report.html").read_text()
+    for name in ("perf_recipe", "mobilenet_v2", "digits"):
+        assert f"## {name}" in report and f"<h2" in html
+        for plot in (f"plots/{name}-latency.png", f"plots/{name}-size-latency.png"):
+            assert plot in report and plot in html
+            assert (built / "artifacts" / plot).read_bytes().startswith(b"\x89PNG")
+    assert "FAILED" not in report

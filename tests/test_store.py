@@ -1,5 +1,7 @@
 """Atomic writes: a failed or interrupted write never leaves a file at the target path."""
 
+import os
+
 import pytest
 
 from mobilebuild import store
@@ -36,3 +38,11 @@ def test_partials_of_killed_builds_are_recognisable_and_removable(tmp_path):
 def test_sha256(tmp_path):
     (tmp_path / "f").write_bytes(b"abc")
     assert store.sha256_file(tmp_path / "f") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_artifacts_get_the_usual_permissions(tmp_path):
+    target = tmp_path / "a.ptl"
+    store.write_bytes(target, b"x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
