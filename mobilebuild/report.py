@@ -607,13 +607,6 @@ def write_report(manifests, out_dir):
     out_dir = Path(out_dir)
     report = build(manifests)
     written = []
-    try:
-        import matplotlib  # noqa: F401  (only to know whether plots can be drawn)
-    except ImportError:
-        for section in report.sections:
-            if section.plots:
-                section.plots = []
-                section.no_plots = "No plots: matplotlib is not installed."
     for section in report.sections:
         for plot in section.plots:
             path = out_dir / PLOTS_DIR / plot.filename

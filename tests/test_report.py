@@ -292,13 +292,6 @@ def test_a_benchmark_toolchain_that_differs_from_the_build_is_listed_apart(tmp_p
     assert "- Toolchain (mnv2 qnnpack benchmark): mobilebuild 0.1.0, python 3.11.7, torch 2.13.0" in markdown
 
 
-def test_without_matplotlib_the_report_is_still_written(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    paths, markdown, _ = write([full_manifest()], tmp_path)
-    assert paths == [tmp_path / "report.md", tmp_path / "report.html"]
-    assert "No plots: matplotlib is not installed." in markdown
-
-
 def _manifest_file(artifacts, directory, document):
     (artifacts / directory).mkdir(parents=True)
     path = artifacts / directory / "manifest.json"
