@@ -13,7 +13,7 @@ from mobilebuild.errors import MobileBuildError, RecipeErrors
 ARTIFACTS_DIR = "artifacts"
 
 # Stage order, for listing and documentation; each is a doit task group.
-STAGES = ("train", "checkpoint", "fuse", "quantize", "script", "optimize", "verify", "bench", "manifest")
+STAGES = ("train", "checkpoint", "prune", "fuse", "quantize", "script", "optimize", "verify", "bench", "manifest")
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _model_source(model):
 
 def recipe_nodes(recipe, root):
     """The nodes one recipe needs, in dependency order."""
-    out = f"{ARTIFACTS_DIR}/{recipe.name}"
+    out = out_dir(recipe)
     source = _model_source(recipe.model)
     source_files = _source_files(root, recipe.model.get("factory"))
     common = {"recipe": recipe.name, "recipe_file": recipe.file}
@@ -86,9 +86,7 @@ def recipe_nodes(recipe, root):
                               "batchnorm_stats": recipe.model["batchnorm_stats"], "input": recipe.input},
                       inputs=weights,
                       output=f"{out}/checkpoint.pt", files=source_files, **common)
-    fused = Node("fuse", recipe.name, config={"model": source, "fuse": recipe.fuse, "input": recipe.input},
-                 inputs={"checkpoint": checkpoint.output}, output=f"{out}/fused.pt", files=source_files, **common)
-    nodes += [checkpoint, fused]
+    nodes.append(checkpoint)
 
     timing = {key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}
     eager_bench = Node("bench", f"{recipe.name}-eager",
@@ -106,28 +104,39 @@ def recipe_nodes(recipe, root):
         except MobileBuildError as exc:
             problems.append(exc)
             continue
+        # A target with its own pruning or quantization gets its own chain from there on, named after it;
+        # targets that share the recipe's settings share the nodes.
+        own_weights = target.prune != recipe.prune
+        own_quantization = own_weights or target.quantize != recipe.quantize
+        weights_tag = f"-{target.id}" if own_weights else ""
+        weights_in = {"checkpoint": checkpoint.output}
+        pruned = None
+        if target.prune:
+            pruned = Node("prune", recipe.name + weights_tag, config={"model": source, "prune": target.prune},
+                          inputs={"checkpoint": checkpoint.output}, output=f"{out}/pruned{weights_tag}.pt", **common)
+            nodes.append(pruned)
+            weights_in = {"checkpoint": pruned.output}
+        fused = Node("fuse", recipe.name + weights_tag,
+                     config={"model": source, "fuse": recipe.fuse, "input": recipe.input},
+                     inputs=weights_in, output=f"{out}/fused{weights_tag}.pt", files=source_files, **common)
+        nodes.append(fused)
         model_inputs = {"model": fused.output}
+        quantization = None
         if route.precision == "int8":
-            calibration = recipe.quantize["calibration"]
-            files = ()
-            if calibration["source"] == "images":
-                files = tuple(_files_below(calibration["path"], root))
-                if not files:
-                    problems.append(MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
-                                                     file=recipe.file, field="quantize.calibration.path"))
-                    continue
-            elif calibration["source"] == "function":
-                files = _source_files(root, calibration["function"])
-            quantized = Node("quantize", f"{recipe.name}-{route.engine}",
-                             config={"engine": route.engine, "calibration": calibration, "input": recipe.input},
-                             inputs={"model": fused.output}, output=f"{out}/quantized-{route.engine}.pt",
-                             files=files, **common)
+            try:
+                quantized = _quantize_node(recipe, target, route, fused, checkpoint, root, own_quantization)
+            except MobileBuildError as exc:
+                problems.append(exc)
+                continue
             nodes.append(quantized)
             model_inputs["quantized"] = quantized.output
-        scripted = Node("script", f"{recipe.name}-{route.precision_tag}",
+            quantization = {"mode": target.quantize["mode"], "weights": target.quantize.get("weights")}
+        script_name = f"{recipe.name}-{target.id}" if own_quantization else f"{recipe.name}-{route.precision_tag}"
+        scripted = Node("script", script_name,
                         config={"mode": recipe.script, "precision": route.precision, "engine": route.engine,
-                                "input": recipe.input},
-                        inputs=model_inputs, output=f"{out}/scripted-{route.precision_tag}.pt", **common)
+                                "quantization": quantization, "input": recipe.input},
+                        inputs=model_inputs, output=f"{out}/scripted-{script_name.removeprefix(recipe.name + '-')}.pt",
+                        **common)
         final = Node(route.final_stage, f"{recipe.name}-{target.id}",
                      config={"backend": route.backend, "engine": route.engine, "options": target.optimize,
                              "script_mode": recipe.script, "input": recipe.input},
@@ -138,9 +147,11 @@ def recipe_nodes(recipe, root):
                    "runs_on_host": route.runs_on_host}
         results.append(Node(
             "verify", f"{recipe.name}-{target.id}",
-            config={**runtime, "model": source, "precision": route.precision,
+            config={**runtime, "model": source, "precision": route.precision, "pruning": target.prune,
                     **_verify_settings(recipe.verify, route.precision)},
-            inputs={"artifact": final.output, "checkpoint": checkpoint.output}, output=f"{out}/verify-{target.id}.json",
+            # a pruned artifact is checked against the pruned eager model: the build must not change it further
+            inputs={"artifact": final.output, "checkpoint": (pruned or checkpoint).output},
+            output=f"{out}/verify-{target.id}.json",
             files=_source_files(root, recipe.model.get("factory"), recipe.verify.get("evaluation", {}).get("function")),
             **common))
         results.append(Node(
@@ -149,7 +160,8 @@ def recipe_nodes(recipe, root):
                     "label": f"{recipe.name}-{target.id}"},
             inputs={"artifact": final.output}, output=f"{out}/bench-{target.id}.json", **common))
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
-                        "precision": route.precision, "path": final.output, "runs_on_host": route.runs_on_host})
+                        "precision": route.precision, "path": final.output, "runs_on_host": route.runs_on_host,
+                        "pruning": target.prune or None, "quantization": quantization})
     if problems:
         raise RecipeErrors(problems)
 
@@ -166,6 +178,33 @@ def recipe_nodes(recipe, root):
         inputs={n.task_name: n.output for n in artifacts}, output=f"{out}/manifest.json",
         observes=tuple(n.output for n in results), **common)
     return artifacts + results + [manifest]
+
+
+def _quantize_node(recipe, target, route, fused, checkpoint, root, own):
+    settings = target.quantize
+    where = "quantize" if settings is recipe.quantize else f"targets[{target.index}].quantize"
+    config = {"engine": route.engine, "mode": settings["mode"], "weights": settings.get("weights"),
+              "input": recipe.input, "model": _model_source(recipe.model), "fuse": recipe.fuse}
+    inputs, files = {"model": fused.output}, ()
+    if settings["mode"] == "static":
+        calibration = config["calibration"] = settings["calibration"]
+        if calibration["source"] == "images":
+            files = tuple(_files_below(calibration["path"], root))
+            if not files:
+                raise MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
+                                       file=recipe.file, field=f"{where}.calibration.path")
+        elif calibration["source"] == "function":
+            files = _source_files(root, calibration["function"])
+    elif settings["mode"] == "qat":
+        inputs["trained"] = settings["checkpoint"]
+    name = f"{recipe.name}-{target.id}" if own else f"{recipe.name}-{route.engine}"
+    return Node("quantize", name, config=config, inputs=inputs,
+                output=f"{out_dir(recipe)}/quantized-{name.removeprefix(recipe.name + '-')}.pt", files=files,
+                recipe=recipe.name, recipe_file=recipe.file)
+
+
+def out_dir(recipe):
+    return f"{ARTIFACTS_DIR}/{recipe.name}"
 
 
 def _verify_settings(verify, precision):

@@ -29,6 +29,8 @@ class Target:
     runtime: str
     optimize: dict
     index: int  # position in `targets`, for error messages
+    prune: object = False  # this target's pruning: the recipe's unless it has its own
+    quantize: dict = field(default_factory=dict)  # the recipe's quantize, with this target's settings merged in
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Recipe:
     model: dict
     input: dict
     fuse: object
+    prune: object
     quantize: dict
     script: str
     verify: dict
@@ -180,6 +183,25 @@ def _repo_path(value, recipe_file, root, where, must_exist=True):
     return relative.as_posix()
 
 
+def _resolve_quantize(quantize, file, root, where, problems):
+    """The paths a quantize section itself names (a QAT checkpoint, a calibration folder), resolved in place."""
+    for holder, key, where_exactly in ((quantize, "checkpoint", f"{where}.checkpoint"),
+                                       (quantize.get("calibration", {}), "path", f"{where}.calibration.path")):
+        if key in holder:
+            try:
+                holder[key] = _repo_path(holder[key], file, root, where_exactly)
+            except MobileBuildError as exc:
+                problems.append(exc)
+
+
+def _prune_with_defaults(prune):
+    if prune is False:
+        return False
+    prune = dict(prune)
+    _apply_defaults(schema()["properties"]["prune"]["oneOf"][1], prune)
+    return prune
+
+
 def _target_id(target):
     if "name" in target:
         return target["name"]
@@ -209,12 +231,8 @@ def load(path, root, cache=None):
             model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
         except MobileBuildError as exc:
             problems.append(exc)
-    calibration = data["quantize"]["calibration"]
-    if calibration["source"] == "images":
-        try:
-            calibration["path"] = _repo_path(calibration["path"], file, root, "quantize.calibration.path")
-        except MobileBuildError as exc:
-            problems.append(exc)
+    _resolve_quantize(data["quantize"], file, root, "quantize", problems)
+    recipe_prune = _prune_with_defaults(data["prune"])
 
     targets, seen = [], {}
     for index, entry in enumerate(data["targets"]):
@@ -224,14 +242,20 @@ def load(path, root, cache=None):
                 f"duplicate target id {target_id!r} (also targets[{seen[target_id]}]); give one a distinct 'name'",
                 file=file, field=f"targets[{index}]"))
         seen[target_id] = index
+        quantize = data["quantize"]
+        if "quantize" in entry:
+            _resolve_quantize(entry["quantize"], file, root, f"targets[{index}].quantize", problems)
+            quantize = {**data["quantize"], **entry["quantize"]}
+            _apply_defaults(schema()["properties"]["quantize"], quantize)
         targets.append(Target(id=target_id, backend=entry["backend"], runtime=entry.get("runtime"),
-                              optimize=entry["optimize"], index=index))
+                              optimize=entry["optimize"], index=index, quantize=quantize,
+                              prune=_prune_with_defaults(entry["prune"]) if "prune" in entry else recipe_prune))
     if problems:
         raise RecipeErrors(problems)
 
     return Recipe(
         name=data["name"], file=file, sha256=hashlib.sha256(raw).hexdigest(), model=model,
-        input=data["input"], fuse=data["fuse"], quantize=data["quantize"], script=data["script"],
+        input=data["input"], fuse=data["fuse"], prune=recipe_prune, quantize=data["quantize"], script=data["script"],
         verify=data["verify"], benchmark=data["benchmark"], targets=tuple(targets),
     )
 

@@ -80,6 +80,7 @@ class Row:
     verification: dict
     state: str  # "reference", "passed", "failed", "not run on host", "not verified", or whatever the manifest says
     status: str  # the state as shown, with its reason
+    target: dict = field(default_factory=dict)  # the manifest's entry (pruning, quantization); empty for eager
 
     @property
     def median_ms(self):
@@ -141,7 +142,7 @@ def _rows(manifest):
         state, shown = _status(target, verification)
         rows.append(Row(label, target.get("backend"), target.get("runtime"),
                         target.get("precision") or _get(verification, "precision"), _target_bytes(target, manifest),
-                        _dict(benchmarks.get(label)), verification, state, shown))
+                        _dict(benchmarks.get(label)), verification, state, shown, target))
     return rows
 
 
@@ -262,7 +263,10 @@ def _table(rows):
         ("backend", False, lambda row: _text(row.backend)),
         ("runtime", False, lambda row: _text(row.runtime)),
         ("precision", False, lambda row: _text(row.precision)),
+        ("compression", False, _compression),
         ("size (MB)", True, lambda row: _megabytes(row.size_bytes)),
+        ("zipped (MB)", True, lambda row: _megabytes(_finite(row.benchmark.get("artifact_compressed_bytes")))),
+        ("sparsity", True, lambda row: _percent(_number(_get(_get(row.verification, "sparsity"), "overall")))),
         ("median (ms)", True, lambda row: _two_or_three_decimals(row.median_ms)),
         ("p90 (ms)", True, lambda row: _two_or_three_decimals(row.timing("p90_ms"))),
         (f"speed-up vs {EAGER_LABEL}", True, lambda row: _ratio(eager.median_ms, row.median_ms)),
@@ -274,13 +278,26 @@ def _table(rows):
     ]
     if with_accuracy:
         # The eager row is the reference the targets are compared with: it shows the reference accuracy.
-        reference = next((r.metric("accuracy_reference") for r in rows if r.metric("accuracy_reference") is not None),
-                         None)
+        # A pruned target's reference is its pruned eager model: take the accuracy from an unpruned one.
+        reference = next((r.metric("accuracy_reference") for r in rows
+                          if r.metric("accuracy_reference") is not None and not _get(r.target, "pruning")), None)
         columns.append(("accuracy (reference -> artifact)", True,
                         lambda row: _percent(reference) if row is eager else _accuracy(row)))
     columns.append(("status", False, lambda row: row.status))
     return ([name for name, _, _ in columns], [numeric for _, numeric, _ in columns],
             [[cell(row) for _, _, cell in columns] for row in rows])
+
+
+def _compression(row):
+    """What was done to the weights beyond the precision: pruning, and the quantization mode of int8 targets."""
+    parts = []
+    pruning = _dict(_get(row.target, "pruning"))
+    if pruning:
+        parts.append(f"{pruning.get('method', 'pruned')} {_text(pruning.get('amount'))}")
+    quantization = _dict(_get(row.target, "quantization"))
+    if quantization:
+        parts.append(" ".join(_text(v) for v in (quantization.get("mode"), quantization.get("weights")) if v))
+    return ", ".join(parts) or NONE
 
 
 def _failures(rows):

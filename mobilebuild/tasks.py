@@ -14,7 +14,7 @@ from mobilebuild.errors import RecipeErrors
 from mobilebuild.execute import clean_output, clean_plots, run_node, write_report
 from mobilebuild.reporter import Reporter
 
-__all__ = ["DOIT_CONFIG", "task_train", "task_checkpoint", "task_fuse", "task_quantize", "task_script",
+__all__ = ["DOIT_CONFIG", "task_train", "task_checkpoint", "task_prune", "task_fuse", "task_quantize", "task_script",
            "task_optimize", "task_verify", "task_bench", "task_manifest", "task_render_report", "task_benchmark",
            "task_build"]
 
@@ -95,6 +95,11 @@ def task_train():
 def task_checkpoint():
     """Materialise each model's weights as a state_dict."""
     yield from _tasks("checkpoint")
+
+
+def task_prune():
+    """Prune Conv/Linear weights (torch.nn.utils.prune, made permanent) for recipes or targets that ask."""
+    yield from _tasks("prune")
 
 
 def task_fuse():

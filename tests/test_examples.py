@@ -46,7 +46,10 @@ def test_fp32_artifacts_match_eager_and_manifests_are_complete(built, name):
     lite = _load_for_lite_interpreter(str(built / f"artifacts/{name}/{name}-xnnpack.ptl"))
     assert sqnr_db(reference, lite(x)) > FP32_DB
     manifest = json.loads((built / f"artifacts/{name}/manifest.json").read_text())
-    assert {a["target"] for a in manifest["artifacts"] if a["stage"] == "optimize"} == {"xnnpack", "qnnpack"}
+    assert {t["target"] for t in manifest["targets"]} >= {"xnnpack", "qnnpack"}
+    assert {a["target"] for a in manifest["artifacts"] if a["stage"] == "optimize"} == \
+        {t["target"] for t in manifest["targets"]}
+    assert all(t["status"] == "passed" for t in manifest["targets"])
 
 
 def test_digits_int8_keeps_its_accuracy_on_held_out_images(built):
@@ -63,6 +66,21 @@ def test_digits_int8_keeps_its_accuracy_on_held_out_images(built):
     for target, score in scores.items():
         assert verification[target]["data"] == "evaluation" and verification[target]["samples"] == len(labels)
         assert verification[target]["metrics"]["accuracy_artifact"] == pytest.approx(score)
+
+
+def test_digits_shows_a_pruned_and_a_dynamic_quantized_target(built):
+    manifest = json.loads((built / "artifacts/digits/manifest.json").read_text())
+    targets = {t["target"]: t for t in manifest["targets"]}
+    assert targets["xnnpack-pruned"]["pruning"]["amount"] == 0.5
+    assert targets["qnnpack-dynamic"]["quantization"]["mode"] == "dynamic"
+    assert manifest["verification"]["xnnpack-pruned"]["sparsity"]["overall"] == pytest.approx(0.5, abs=0.01)
+    benchmarks = manifest["benchmarks"]
+    # zeros compress: the pruned artifact is as large as the dense one, and smaller once zipped
+    assert benchmarks["xnnpack-pruned"]["artifact_compressed_bytes"] < \
+        0.8 * benchmarks["xnnpack"]["artifact_compressed_bytes"]
+    assert targets["qnnpack-dynamic"]["bytes"] < 0.5 * targets["xnnpack"]["bytes"]
+    report = (built / "artifacts/report.md").read_text()
+    assert "| xnnpack-pruned |" in report and "l1_unstructured 0.5" in report and "| dynamic |" in report
 
 
 def test_the_report_covers_every_example_with_plots(built):

@@ -31,7 +31,8 @@ def test_defaults_come_from_the_schema(tmp_path):
     assert loaded.file == "recipes/tiny.yaml"
     assert loaded.fuse == "auto" and loaded.script == "script"
     assert loaded.input == {"shape": [1, 3, 4, 4], "dtype": "float32", "memory_format": "contiguous"}
-    assert loaded.quantize == {"calibration": {"source": "random", "batches": 8, "seed": 0, "kwargs": {}}}
+    assert loaded.quantize == {"mode": "static", "calibration": {"source": "random", "batches": 8, "seed": 0, "kwargs": {}}}
+    assert loaded.prune is False and loaded.targets[0].prune is False
     assert loaded.model["seed"] == 0 and loaded.model["quantizable"] is False
     assert loaded.targets[0].optimize == {"blocklist": [], "preserved_methods": [], "bundled_inputs": True}
     assert len(loaded.sha256) == 64

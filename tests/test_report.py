@@ -70,12 +70,16 @@ def test_full_manifest_computes_speed_up_and_size_ratio_against_eager(tmp_path):
                      tmp_path / "report.md", tmp_path / "report.html"]
     # speed-up = eager median / target median: 12.6 / 6.0 = 2.10, 12.6 / 4.2 = 3.00;
     # size ratio = target bytes / eager bytes: 14.7 / 14.0 = 1.05, 3.5 / 14.0 = 0.25.
-    assert ("| eager fp32 | — | eager | fp32 | 14.00 | 12.60 | 13.40 | 1.00x | 1.00x | — | — | — | — | reference |"
-            in markdown)
-    assert ("| xnnpack | xnnpack | pytorch-mobile | fp32 | 14.70 | 6.00 | 6.50 | 2.10x | 1.05x | 104.3 | 1.000000 "
-            "| 1.00e-06 | 1.000 | passed |" in markdown)
-    assert ("| qnnpack | qnnpack | pytorch-mobile | int8 | 3.50 | 4.20 | 5.10 | 3.00x | 0.25x | 12.5 | 0.973148 "
-            "| 2.10e-01 | 0.500 | FAILED |" in markdown)
+    # No pruning or quantization recorded, no compressed size, no sparsity: those three cells are "—".
+    assert ("| target | backend | runtime | precision | compression | size (MB) | zipped (MB) | sparsity | median (ms) "
+            "| p90 (ms) | speed-up vs eager fp32 | size vs eager fp32 | SQNR (dB) | cosine | max rel. error "
+            "| top-1 agreement | status |" in markdown)
+    assert ("| eager fp32 | — | eager | fp32 | — | 14.00 | — | — | 12.60 | 13.40 | 1.00x | 1.00x | — | — | — | — "
+            "| reference |" in markdown)
+    assert ("| xnnpack | xnnpack | pytorch-mobile | fp32 | — | 14.70 | — | — | 6.00 | 6.50 | 2.10x | 1.05x | 104.3 "
+            "| 1.000000 | 1.00e-06 | 1.000 | passed |" in markdown)
+    assert ("| qnnpack | qnnpack | pytorch-mobile | int8 | — | 3.50 | — | — | 4.20 | 5.10 | 3.00x | 0.25x | 12.5 "
+            "| 0.973148 | 2.10e-01 | 0.500 | FAILED |" in markdown)
     assert "accuracy" not in markdown.split("| target |")[1].split("\n")[0]  # no labelled data: no column
     assert "- Toolchain: mobilebuild 0.1.0, python 3.11.7, torch 2.12.1, torchvision 0.27.1" in markdown
     assert "- Host: cores 2, cpu Intel Xeon, machine x86_64" in markdown
@@ -150,9 +154,9 @@ def test_not_run_on_host_skipped_and_missing_benchmarks_show_their_reasons(tmp_p
     manifest["targets"][1]["status"] = "not verified"
     _, markdown, page = write([manifest], tmp_path)
 
-    assert ("| xnnpack | xnnpack | pytorch-mobile | fp32 | 14.70 | — | — | — | 1.05x | — | — | — | — "
+    assert ("| xnnpack | xnnpack | pytorch-mobile | fp32 | — | 14.70 | — | — | — | — | — | 1.05x | — | — | — | — "
             "| not run on host (needs an ARM CPU) |" in markdown)
-    assert ("| qnnpack | qnnpack | pytorch-mobile | int8 | 3.50 | — | — | — | 0.25x | — | — | — | — "
+    assert ("| qnnpack | qnnpack | pytorch-mobile | int8 | — | 3.50 | — | — | — | — | — | 0.25x | — | — | — | — "
             "| not verified |" in markdown)
     assert "- benchmark xnnpack: skipped (artifact does not load on x86)" in markdown
     assert "- benchmark qnnpack: not run (none in the manifest)" in markdown
@@ -185,8 +189,8 @@ def test_without_eager_there_is_no_speed_up_and_the_report_says_why(tmp_path):
     manifest = full_manifest()
     del manifest["benchmarks"]["eager"]
     _, markdown, _ = write([manifest], tmp_path)
-    assert "| eager fp32 | — | eager | fp32 | — | — | — | — | — | — | — | — | — | reference |" in markdown
-    assert "| xnnpack | xnnpack | pytorch-mobile | fp32 | 14.70 | 6.00 | 6.50 | — | — |" in markdown
+    assert "| eager fp32 | — | eager | fp32 | — | — | — | — | — | — | — | — | — | — | — | — | reference |" in markdown
+    assert "| xnnpack | xnnpack | pytorch-mobile | fp32 | — | 14.70 | — | — | 6.00 | 6.50 | — | — |" in markdown
     assert "- benchmark eager fp32: not run (none in the manifest): no speed-up or size ratio" in markdown
 
 
@@ -211,6 +215,85 @@ def test_accuracy_column_appears_with_labelled_data(tmp_path):
     assert "| 1.00e-06 | — | — | passed |" in markdown
 
 
+def compressed_manifest():
+    """As the build writes it: a pruned fp32 target, a dynamic and a static per_channel int8 one."""
+    manifest = full_manifest()
+    pruned = target("pruned", "xnnpack", "fp32", 14_700_000, "passed")
+    pruned["pruning"] = {"method": "l1_unstructured", "amount": 0.5, "seed": 0, "modules": None}
+    pruned["quantization"] = None
+    dynamic = target("dynamic", "qnnpack", "int8", 3_600_000, "passed")
+    dynamic.update(pruning=None, quantization={"mode": "dynamic", "weights": None})
+    static = target("static", "qnnpack", "int8", 3_500_000, "passed")
+    static.update(pruning=None, quantization={"mode": "static", "weights": "per_channel"})
+    manifest["targets"] = [pruned, dynamic, static]
+    manifest["verification"] = {
+        "pruned": {**verification("passed", {"sqnr_db": 104.34}),
+                   "sparsity": {"overall": 0.49871, "modules": {"conv": 0.5, "fc": 0.4971}}},
+        "dynamic": verification("passed", {"sqnr_db": 30.0}, precision="int8", sqnr_threshold=20),
+        "static": verification("passed", {"sqnr_db": 25.0}, precision="int8", sqnr_threshold=20),
+    }
+    manifest["benchmarks"] = {
+        "eager": {**benchmark("eager", 12.6, 12.1, 13.4, 14_000_000), "artifact_compressed_bytes": 13_020_000},
+        "pruned": {**benchmark("pytorch-mobile", 6.0, 5.8, 6.5, 14_700_000), "artifact_compressed_bytes": 7_350_000},
+        "dynamic": benchmark("pytorch-mobile", 9.0, 8.8, 9.5, 3_600_000),
+        "static": {**benchmark("pytorch-mobile", 4.2, 4.0, 5.1, 3_500_000), "artifact_compressed_bytes": 2_870_000},
+    }
+    return manifest
+
+
+def test_a_pruned_target_shows_its_pruning_zipped_size_and_sparsity(tmp_path):
+    _, markdown, page = write([compressed_manifest()], tmp_path)
+    # compression "l1_unstructured 0.5"; zipped 7_350_000 B = 7.35 MB; sparsity 0.49871 = 49.9%.
+    assert ("| pruned | xnnpack | pytorch-mobile | fp32 | l1_unstructured 0.5 | 14.70 | 7.35 | 49.9% | 6.00 | 6.50 "
+            "| 2.10x | 1.05x | 104.3 | — | — | — | passed |" in markdown)
+    # eager: nothing done to its weights and no sparsity measured, but its checkpoint's zipped size is shown.
+    assert ("| eager fp32 | — | eager | fp32 | — | 14.00 | 13.02 | — | 12.60 | 13.40 | 1.00x | 1.00x | — | — | — | — "
+            "| reference |" in markdown)
+    pruned_row = next(line for line in page.splitlines() if line.startswith("<tr") and ">pruned<" in line)
+    assert ("<td>l1_unstructured 0.5</td><td class=\"num\">14.70</td><td class=\"num\">7.35</td>"
+            "<td class=\"num\">49.9%</td>" in pruned_row)
+
+
+def test_a_dynamic_quantized_target_shows_its_mode(tmp_path):
+    _, markdown, _ = write([compressed_manifest()], tmp_path)
+    # weights null: the mode alone; no compressed bytes in its benchmark, no sparsity in its verification.
+    assert ("| dynamic | qnnpack | pytorch-mobile | int8 | dynamic | 3.60 | — | — | 9.00 | 9.50 | 1.40x | 0.26x "
+            "| 30.0 | — | — | — | passed |" in markdown)
+
+
+def test_a_static_per_channel_target_shows_mode_and_weights(tmp_path):
+    _, markdown, _ = write([compressed_manifest()], tmp_path)
+    # zipped 2_870_000 B = 2.87 MB; 12.6 / 4.2 = 3.00x; 3.5 / 14.0 = 0.25x.
+    assert ("| static | qnnpack | pytorch-mobile | int8 | static per_channel | 3.50 | 2.87 | — | 4.20 | 5.10 | 3.00x "
+            "| 0.25x | 25.0 | — | — | — | passed |" in markdown)
+
+
+def test_pruning_and_quantization_together_are_joined(tmp_path):
+    manifest = compressed_manifest()
+    manifest["targets"][2]["pruning"] = {"method": "ln_structured", "amount": 0.25, "n": 2, "dim": 0}
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "| static | qnnpack | pytorch-mobile | int8 | ln_structured 0.25, static per_channel | 3.50 |" in markdown
+
+
+def test_eager_reference_accuracy_comes_from_an_unpruned_target(tmp_path):
+    manifest = compressed_manifest()
+    # The pruned target comes first; its reference is the pruned eager model (95.0%), not eager fp32 (99.0%).
+    manifest["verification"]["pruned"]["metrics"].update(accuracy_reference=0.95, accuracy_artifact=0.94)
+    manifest["verification"]["dynamic"]["metrics"].update(accuracy_reference=0.99, accuracy_artifact=0.985)
+    manifest["verification"]["static"]["metrics"].update(accuracy_reference=0.99, accuracy_artifact=0.975)
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "| 1.00x | 1.00x | — | — | — | — | 99.0% | reference |" in markdown
+    assert "| 104.3 | — | — | — | 95.0% -> 94.0% | passed |" in markdown  # the pruned row keeps its own
+    assert "| 30.0 | — | — | — | 99.0% -> 98.5% | passed |" in markdown
+    assert "| 25.0 | — | — | — | 99.0% -> 97.5% | passed |" in markdown
+
+    # Every target pruned: no verification measured eager fp32's accuracy, so it is not shown.
+    for entry in manifest["targets"]:
+        entry["pruning"] = {"method": "l1_unstructured", "amount": 0.5}
+    _, markdown, _ = write([manifest], tmp_path / "all_pruned")
+    assert "| 1.00x | 1.00x | — | — | — | — | — | reference |" in markdown
+
+
 def test_html_escapes_every_text_from_the_manifest(tmp_path):
     manifest = full_manifest()
     manifest["recipe"] = "x<b>"
@@ -232,7 +315,9 @@ def test_markdown_keeps_a_multi_line_reason_with_pipes_inside_its_table_cell(tmp
     _, markdown, _ = write([manifest], tmp_path)
     row = next(line for line in markdown.splitlines() if line.startswith("| xnnpack |"))
     assert row.endswith("| not run on host (a \\| b Traceback: line 2) |")
-    assert row.replace("\\|", "").count("|") == 15  # 14 columns, like the header
+    assert row.replace("\\|", "").count("|") == 18  # 17 columns, like the header
+    header = next(line for line in markdown.splitlines() if line.startswith("| target |"))
+    assert header.count("|") == 18
 
 
 @pytest.mark.parametrize("broken", [
@@ -259,7 +344,7 @@ def test_an_infinite_sqnr_and_a_zero_size_baseline_are_shown_not_divided(tmp_pat
                 "benchmarks": {"eager": {"status": "ran", "median_ms": 2.0, "artifact_bytes": 0},
                                "t": {"status": "ran", "median_ms": 1.0}}}
     _, markdown, _ = write([manifest], tmp_path)
-    assert "| t | — | — | — | 0.000 | 1.00 | — | 2.00x | — | inf | — | — | — | passed |" in markdown
+    assert "| t | — | — | — | — | 0.000 | — | — | 1.00 | — | 2.00x | — | inf | — | — | — | passed |" in markdown
 
 
 def test_small_models_keep_three_decimals_of_size_and_latency(tmp_path):
@@ -268,8 +353,8 @@ def test_small_models_keep_three_decimals_of_size_and_latency(tmp_path):
                                          "artifact_bytes": 4_700},
                                "t": {"status": "ran", "median_ms": 0.031, "p90_ms": 0.0404}}}
     _, markdown, _ = write([manifest], tmp_path)
-    assert "| eager fp32 | — | eager | fp32 | 0.005 | 0.093 | 0.105 | 1.00x | 1.00x |" in markdown
-    assert "| t | — | — | — | 0.009 | 0.031 | 0.040 | 3.00x | 2.00x |" in markdown
+    assert "| eager fp32 | — | eager | fp32 | — | 0.005 | — | — | 0.093 | 0.105 | 1.00x | 1.00x |" in markdown
+    assert "| t | — | — | — | — | 0.009 | — | — | 0.031 | 0.040 | 3.00x | 2.00x |" in markdown
 
 
 def test_an_older_manifest_without_targets_takes_them_from_its_artifacts(tmp_path):
@@ -278,7 +363,7 @@ def test_an_older_manifest_without_targets_takes_them_from_its_artifacts(tmp_pat
         {"stage": "optimize", "backend": "xnnpack", "runtime": "pytorch-mobile", "target": "xnnpack",
          "path": "digits/digits-xnnpack.ptl", "bytes": 164359}]}
     _, markdown, _ = write([older], tmp_path)
-    assert ("| xnnpack | xnnpack | pytorch-mobile | — | 0.164 | — | — | — | — | — | — | — | — "
+    assert ("| xnnpack | xnnpack | pytorch-mobile | — | — | 0.164 | — | — | — | — | — | — | — | — | — | — "
             "| not verified |" in markdown)
     assert "scripted" not in markdown
     assert "written by an older mobilebuild" in markdown

@@ -93,7 +93,7 @@ def test_int8_artifact_stays_close_to_eager(tmp_path):
     with torch.no_grad():
         reference = model(x)
     fused, _ = fuse.fuse(model, "auto")
-    quantized = quantize.quantize(fused, "qnnpack", quantize.calibration_batches(
+    quantized = quantize.static(fused, "qnnpack", quantize.calibration_batches(
         {"source": "random", "batches": 4, "seed": 0}, INPUT))
     scripted = script.to_torchscript(quantized, "script", x)
     path = tmp_path / "int8.ptl"

@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import zlib
 
 from mobilebuild import device, store, toolchain
 from mobilebuild.errors import MobileBuildError
@@ -34,7 +35,10 @@ def time_in_subprocess(spec):
 
 def run(inputs, config, output):
     artifact = inputs.get("artifact") or inputs["checkpoint"]
-    result = {"runtime": config["runtime"], **config["timing"], "artifact_bytes": os.path.getsize(artifact),
+    data = artifact.read_bytes()
+    result = {"runtime": config["runtime"], **config["timing"], "artifact_bytes": len(data),
+              # what a download or an app store ships: zeros from pruning shrink this, not artifact_bytes
+              "artifact_compressed_bytes": len(zlib.compress(data, 6)),
               "artifact_sha256": store.sha256_file(artifact),
               "host": host(), "toolchain": toolchain.versions()}
     if config["runs_on_host"]:

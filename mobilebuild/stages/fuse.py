@@ -89,23 +89,26 @@ def _check_explicit(model, groups):
                                    "Linear-BN", field=f"fuse[{index}]")
 
 
-def _own_fusion(model):
+def _own_fusion(model, qat):
     """Models that know their own fusion (torchvision's quantizable models, the NNAPI post's recipe) say so with
     fuse_model(); it is authoritative, and cheaper than tracing."""
     fuse_model = getattr(model, "fuse_model", None)
     if not callable(fuse_model):
         return False
     try:
-        fuse_model()
-    except Exception:  # a custom fuse_model that needs arguments or fails: find the groups ourselves
+        fuse_model(is_qat=True) if qat else fuse_model()
+    except Exception:  # a fuse_model that takes other arguments, or fails: find the groups ourselves
         return False
     return True
 
 
-def fuse(model, setting):
-    """Fuse `model` in place; return it and the groups that were fused (beyond the model's own fuse_model())."""
-    model.eval()
-    if setting == "auto" and not _own_fusion(model):
+def fuse(model, setting, qat=False):
+    """Fuse `model` in place; return it and the groups that were fused (beyond the model's own fuse_model()).
+
+    For quantization-aware training (`qat`) batch norm is kept inside the fused modules, to be folded when the
+    trained model is converted; otherwise it is folded now."""
+    model.train(qat)
+    if setting == "auto" and not _own_fusion(model, qat):
         groups = find_groups(model)  # already holds every Conv-BN pair there is to fold
     else:
         groups = [list(group) for group in (setting or [])] if setting != "auto" else []
@@ -113,8 +116,10 @@ def fuse(model, setting):
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
             covered = {name for group in groups for name in group}
             groups += [g for g in find_groups(model, conv_bn_only=True) if not covered & set(g)]
-    fused = torch.ao.quantization.fuse_modules(model, groups, inplace=True) if groups else model
-    return fused, groups
+    if groups:
+        fuse_modules = torch.ao.quantization.fuse_modules_qat if qat else torch.ao.quantization.fuse_modules
+        fuse_modules(model, groups, inplace=True)
+    return model, groups
 
 
 def run(inputs, config, output):

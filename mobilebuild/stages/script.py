@@ -39,7 +39,8 @@ def run(inputs, config, output):
     if config["engine"]:
         torch.backends.quantized.engine = config["engine"]
     if "quantized" in inputs:
-        model = quantize.load_quantized(inputs["model"], inputs["quantized"], config["engine"])
+        model = quantize.load_quantized(inputs["model"], inputs["quantized"], config["engine"],
+                                        config["quantization"])
     else:
         model = modeling.load_module(inputs["model"])
     if config["input"]["memory_format"] == "channels_last":

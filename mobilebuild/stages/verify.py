@@ -6,7 +6,7 @@ import torch
 
 from mobilebuild import metrics, runtimes, store
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.stages import modeling
+from mobilebuild.stages import modeling, prune
 
 
 def evaluation_data(config):
@@ -55,6 +55,9 @@ def run(inputs, config, output):
         missed = metrics.failures(found, config["thresholds"])
         result.update(status="failed" if missed else "passed", data=description, samples=samples,
                       metrics=metrics.json_safe(found), failures=missed)
+    if config["pruning"]:
+        state = modeling.load_state_dict_file(inputs["checkpoint"], field="prune")
+        result["sparsity"] = prune.sparsity(state, config["pruning"].get("modules"))
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True, allow_nan=False)
     _say(result)
