@@ -5,9 +5,15 @@ import sys
 from doit.exceptions import TaskError, UnmetDependency
 from doit.reporter import ConsoleReporter
 
+from mobilebuild.lock import hold_build_lock
+
 
 class Reporter(ConsoleReporter):
-    desc = "console output; recipe mistakes as one line each"
+    desc = "console output; recipe mistakes as one line each; one build at a time"
+
+    def initialize(self, tasks, selected_tasks):
+        hold_build_lock()  # doit calls this only when it is about to run tasks: listing never waits
+        super().initialize(tasks, selected_tasks)
 
     def _write_failure(self, result, write_exception=True):
         failure = result["exception"]

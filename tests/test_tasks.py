@@ -176,3 +176,18 @@ def test_built_ptl_files_match_the_eager_model(project, mode, monkeypatch):
     int8 = _load_for_lite_interpreter(str(project.artifact("tiny/tiny-qnnpack.ptl")))
     assert sqnr_db(reference, fp32(x)) > 80.0
     assert sqnr_db(reference, int8(x)) > 15.0
+
+
+def test_two_builds_at_once_run_one_after_the_other(project):
+    import subprocess
+    import sys
+
+    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}]))
+    first, second = [subprocess.Popen([sys.executable, "-m", "doit"], cwd=project.root, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [process.communicate(timeout=600) for process in (first, second)]
+    assert [process.returncode for process in (first, second)] == [0, 0], outputs
+    assert sum("another build is running in this repository" in err for _, err in outputs) == 1
+    executed = [line for out, _ in outputs for line in out.splitlines() if line.startswith(".  ")]
+    assert sorted(set(executed)) == sorted(executed)  # the waiting build found everything done: nothing twice
+    assert ".  optimize:tiny-xnnpack" in executed

@@ -1,0 +1,31 @@
+"""One build at a time in a repository: a second build waits for the first and says so, instead of racing it
+over the same artifacts and doit's dependency file."""
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+LOCK_FILE = ".mobilebuild/build.lock"
+_held = []  # the open, locked file: the lock lasts as long as the process
+
+
+def hold_build_lock(root="."):
+    if _held:
+        return
+    path = Path(root, LOCK_FILE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        print(f"another build is running in this repository (pid {holder}, {LOCK_FILE}); waiting for it to finish",
+              file=sys.stderr, flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _held.append(handle)
