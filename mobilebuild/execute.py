@@ -46,10 +46,32 @@ def run_node(node):
                 # (a verification below threshold): the file is kept, and the task still fails.
                 verdict = module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, tmp)
     except MobileBuildError as exc:
+        exc.field = recipe_field(exc.field, node.fields)
         return TaskFailed(str(exc.located(node.recipe_file)))
+    except OSError as exc:  # a full disk, a file-size limit, a read-only artifacts folder: the machine, not the recipe
+        return TaskFailed(_os_problem(exc, node.output))
     size = os.path.getsize(node.output)
     print(f"   {node.output} ({size / 1e6:.2f} MB, {time.perf_counter() - started:.1f} s)", flush=True)
     return TaskFailed(f"{node.recipe_file}: {verdict}") if verdict else None
+
+
+def recipe_field(field, fields):
+    """A stage names settings by their recipe-level field ("quantize.calibration.path"); a target's own settings
+    sit under the target (see graph.Node.fields)."""
+    for prefix in sorted(fields, key=len, reverse=True):
+        if field and (field == prefix or field.startswith((f"{prefix}.", f"{prefix}["))):
+            return fields[prefix] + field[len(prefix):]
+    return field
+
+
+def _os_problem(exc, output):
+    """One line naming the file and the OS's reason. Writes go to a temporary file beside the output (or, through
+    a file handle, name no file at all): either way the artifact is what could not be written."""
+    name = Path(os.fsdecode(exc.filename)) if isinstance(exc.filename, (str, bytes)) and exc.filename else None
+    output = Path(output)
+    if name is None or name == output or name == output.parent or name.name.startswith(f".{output.name}"):
+        return f"cannot write {output}: {exc.strerror or exc}"
+    return f"{name}: {exc.strerror or exc}"
 
 
 def clean_output(path):

@@ -4,6 +4,7 @@ Every node's up-to-date key is computed here (`Node.key`): its stage, the slice 
 toolchain versions; the contents of its input files are tracked by doit as file dependencies.
 """
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,9 @@ class Node:
     files: tuple = ()  # files from outside the graph that the node reads
     observes: tuple = ()  # results read when present, without waiting for them (they may fail: see tasks.py)
     describes: dict = field(default_factory=dict)  # backend/runtime, for the manifest
+    # Where settings a stage names by their recipe-level field sit for this node, when elsewhere: a target's own
+    # `prune` or `quantize`, the target itself for "targets". Not part of the key: reordering targets rebuilds nothing.
+    fields: dict = field(default_factory=dict)
 
     @property
     def task_name(self):
@@ -54,7 +58,31 @@ def _source_files(root, *specs):
 
 
 def _files_below(directory, root):
-    return sorted(p.relative_to(root).as_posix() for p in Path(root, directory).rglob("*") if p.is_file())
+    """The files below `directory`, relative to `root` and sorted, and which of them are symlinks. Read from directory
+    entries, without a stat per plain file: a calibration folder may hold thousands of images, listed at every task
+    load. Like Path.rglob, it does not enter symlinked folders and skips unreadable ones."""
+    prefix = os.path.join(root, "")
+    files, links, pending = [], [], [os.path.join(root, directory)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            elif entry.is_file():  # a symlink to a file is a file here, and a link to check
+                name = entry.path[len(prefix):].replace(os.sep, "/")
+                files.append(name)
+                if entry.is_symlink():
+                    links.append(name)
+    return sorted(files), links
+
+
+def _escaping(links, root):
+    """The symlinks that lead outside the repository: recipe paths must stay inside it, links included."""
+    inside = Path(root).resolve()
+    return [link for link in links if not Path(root, link).resolve().is_relative_to(inside)]
 
 
 def _model_source(model):
@@ -108,12 +136,14 @@ def recipe_nodes(recipe, root):
         # targets that share the recipe's settings share the nodes.
         own_weights = target.prune != recipe.prune
         own_quantization = own_weights or target.quantize != recipe.quantize
+        fields = _own_fields(recipe, target)
         weights_tag = f"-{target.id}" if own_weights else ""
         weights_in = {"checkpoint": checkpoint.output}
         pruned = None
         if target.prune:
             pruned = Node("prune", recipe.name + weights_tag, config={"model": source, "prune": target.prune},
-                          inputs={"checkpoint": checkpoint.output}, output=f"{out}/pruned{weights_tag}.pt", **common)
+                          inputs={"checkpoint": checkpoint.output}, output=f"{out}/pruned{weights_tag}.pt",
+                          fields=fields if own_weights else {}, **common)
             nodes.append(pruned)
             weights_in = {"checkpoint": pruned.output}
         fused = Node("fuse", recipe.name + weights_tag,
@@ -124,7 +154,8 @@ def recipe_nodes(recipe, root):
         quantization = None
         if route.precision == "int8":
             try:
-                quantized = _quantize_node(recipe, target, route, fused, checkpoint, root, own_quantization)
+                quantized = _quantize_node(recipe, target, route, fused, checkpoint, root, own_quantization,
+                                           fields if own_quantization else {})
             except MobileBuildError as exc:
                 problems.append(exc)
                 continue
@@ -141,7 +172,8 @@ def recipe_nodes(recipe, root):
                      config={"backend": route.backend, "engine": route.engine, "options": target.optimize,
                              "script_mode": recipe.script, "input": recipe.input},
                      inputs={"scripted": scripted.output}, output=f"{out}/{recipe.name}-{target.id}{route.suffix}",
-                     describes={"backend": route.backend, "runtime": route.runtime, "target": target.id}, **common)
+                     describes={"backend": route.backend, "runtime": route.runtime, "target": target.id},
+                     fields=fields, **common)
         nodes += [scripted, final]
         runtime = {"runtime": route.runtime, "engine": route.engine, "input": recipe.input,
                    "runs_on_host": route.runs_on_host}
@@ -153,12 +185,12 @@ def recipe_nodes(recipe, root):
             inputs={"artifact": final.output, "checkpoint": (pruned or checkpoint).output},
             output=f"{out}/verify-{target.id}.json",
             files=_source_files(root, recipe.model.get("factory"), recipe.verify.get("evaluation", {}).get("function")),
-            **common))
+            fields=fields, **common))
         results.append(Node(
             "bench", f"{recipe.name}-{target.id}",
             config={**runtime, "timing": timing, "device": _device_settings(recipe.benchmark["device"], route),
                     "label": f"{recipe.name}-{target.id}"},
-            inputs={"artifact": final.output}, output=f"{out}/bench-{target.id}.json", **common))
+            inputs={"artifact": final.output}, output=f"{out}/bench-{target.id}.json", fields=fields, **common))
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
                         "precision": route.precision, "path": final.output, "runs_on_host": route.runs_on_host,
                         "pruning": target.prune or None, "quantization": quantization})
@@ -180,19 +212,36 @@ def recipe_nodes(recipe, root):
     return artifacts + results + [manifest]
 
 
-def _quantize_node(recipe, target, route, fused, checkpoint, root, own):
+def _own_fields(recipe, target):
+    """Recipe-level fields -> where this target's own settings put them (see Node.fields). A target's `prune`
+    replaces the recipe's; its `quantize` is merged key by key over the recipe's."""
+    fields = {"targets": f"targets[{target.index}]"}
+    if target.prune != recipe.prune:
+        fields["prune"] = f"targets[{target.index}].prune"
+    for key, value in target.quantize.items():
+        if value != recipe.quantize.get(key):
+            fields[f"quantize.{key}"] = f"targets[{target.index}].quantize.{key}"
+    return fields
+
+
+def _quantize_node(recipe, target, route, fused, checkpoint, root, own, fields):
     settings = target.quantize
-    where = "quantize" if settings is recipe.quantize else f"targets[{target.index}].quantize"
     config = {"engine": route.engine, "mode": settings["mode"], "weights": settings.get("weights"),
               "input": recipe.input, "model": _model_source(recipe.model), "fuse": recipe.fuse}
     inputs, files = {"model": fused.output}, ()
     if settings["mode"] == "static":
         calibration = config["calibration"] = settings["calibration"]
         if calibration["source"] == "images":
-            files = tuple(_files_below(calibration["path"], root))
+            where = fields.get("quantize.calibration", "quantize.calibration")
+            files, links = _files_below(calibration["path"], root)
+            files = tuple(files)
             if not files:
                 raise MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
-                                       file=recipe.file, field=f"{where}.calibration.path")
+                                       file=recipe.file, field=f"{where}.path")
+            escaping = _escaping(links, root)
+            if escaping:
+                raise MobileBuildError(f"{escaping[0]} leaves the repository (a symlink); calibration images must "
+                                       "stay inside it", file=recipe.file, field=f"{where}.path")
         elif calibration["source"] == "function":
             files = _source_files(root, calibration["function"])
     elif settings["mode"] == "qat":
@@ -200,7 +249,7 @@ def _quantize_node(recipe, target, route, fused, checkpoint, root, own):
     name = f"{recipe.name}-{target.id}" if own else f"{recipe.name}-{route.engine}"
     return Node("quantize", name, config=config, inputs=inputs,
                 output=f"{out_dir(recipe)}/quantized-{name.removeprefix(recipe.name + '-')}.pt", files=files,
-                recipe=recipe.name, recipe_file=recipe.file)
+                fields=fields, recipe=recipe.name, recipe_file=recipe.file)
 
 
 def out_dir(recipe):

@@ -19,7 +19,32 @@ SCHEMA_PATH = Path(__file__).with_name("recipe.schema.json")
 CACHE_FILE = ".mobilebuild/recipes.json"
 RECIPE_DIR = "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml")
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Bumped when parsing accepts less than before, so recipes validated by an older rule are checked again.
+PARSE_RULES = b"2: duplicate keys refused"
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The safe loader, refusing a key given twice in one mapping: YAML's own last-one-wins would silently drop the
+    first (two `targets:` lists, one of them ignored)."""
+
+
+def _mapping_without_duplicates(loader, node):
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` keys may be overridden: that is its purpose
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: construct_yaml_map reports it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    yield from loader.construct_yaml_map(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,36 @@ def _describe(error):
     return error.message
 
 
+def _line_column(mark):
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _character_at(text, mark):
+    lines = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    return line[mark.column] if mark.column < len(line) else ""
+
+
+def _yaml_problem(exc, text):
+    """(where, what) for a YAML error: its line and column, and for an unclosed bracket or quote, where it opened."""
+    if isinstance(exc, yaml.reader.ReaderError):  # bytes that are not UTF-8 text, or a control character
+        before = (text if isinstance(text, bytes) else text.encode())[:exc.position]  # position: a byte offset
+        line_start = before.rfind(b"\n") + 1
+        line = before.count(b"\n") + 1
+        where = f"line {line}, column {len(before) - line_start + 1}"
+        if "UTF" in exc.reason:
+            return where, f"not UTF-8 text ({exc.reason}); save the recipe as UTF-8"
+        return where, f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark and _character_at(text, mark) == "\t":
+        problem = "found a tab; YAML indents with spaces only"
+    context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and opened and mark and opened.line != mark.line:
+        problem += f" ({context} at {_line_column(opened)})"
+    return (_line_column(mark) if mark else "YAML"), problem
+
+
 def _apply_defaults(node_schema, instance):
     """Fill in the schema's declared defaults, so the schema stays the one source of truth for them."""
     if not isinstance(instance, dict):
@@ -118,20 +173,18 @@ def _apply_defaults(node_schema, instance):
 def parse(text, file):
     """YAML text -> validated dict with defaults. Raises RecipeErrors listing every problem."""
     try:
-        data = yaml.load(text, Loader=_YAML_LOADER)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where, problem = _yaml_problem(exc, text)
         raise RecipeErrors([MobileBuildError(f"invalid YAML: {problem}", file=file, field=where)]) from None
     if not isinstance(data, dict):
         raise RecipeErrors([MobileBuildError("expected a mapping with name, model, input and targets", file=file)])
     errors = sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:
-        raise RecipeErrors(
-            MobileBuildError(_describe(e), file=file, field=field_path(e.absolute_path) or "(top level)")
-            for e in errors
-        )
+        # JSON Schema reports each missing required key on its own, and _describe names them all in each: one line
+        lines = (MobileBuildError(_describe(e), file=file, field=field_path(e.absolute_path) or "(top level)")
+                 for e in errors)
+        raise RecipeErrors({str(line): line for line in lines}.values())
     _apply_defaults(schema(), data)
     return data
 
@@ -152,7 +205,7 @@ class ParseCache:
         self.used = {}
 
     def parse(self, raw, file):
-        key = hashlib.sha256(_schema_bytes() + b"\0" + raw).hexdigest()
+        key = hashlib.sha256(_schema_bytes() + b"\0" + PARSE_RULES + b"\0" + raw).hexdigest()
         data = self.entries.get(key)
         if data is None:
             data = parse(raw, file)
@@ -167,8 +220,9 @@ class ParseCache:
                 pass  # a read-only checkout still builds; it only validates every time
 
 
-def _repo_path(value, recipe_file, root, where, must_exist=True):
-    """Resolve a recipe-relative path; it must stay inside the repository (symlinks included)."""
+def _repo_path(value, recipe_file, root, where, must_exist=True, kind="file"):
+    """Resolve a recipe-relative path; it must stay inside the repository (symlinks included) and be a `kind`
+    ("file" or "folder")."""
     candidate = Path(value)
     if candidate.is_absolute():
         raise MobileBuildError(f"expected a path relative to the recipe, got absolute path {value!r}",
@@ -180,16 +234,28 @@ def _repo_path(value, recipe_file, root, where, must_exist=True):
         raise MobileBuildError(f"path {value!r} leaves the repository", file=recipe_file, field=where) from None
     if must_exist and not resolved.exists():
         raise MobileBuildError(f"{value!r} does not exist", file=recipe_file, field=where)
+    if must_exist and resolved.is_dir() != (kind == "folder"):
+        found, expected = ("a folder", "a file") if resolved.is_dir() else ("a file", "a folder")
+        raise MobileBuildError(f"{value!r} is {found}, expected {expected}", file=recipe_file, field=where)
     return relative.as_posix()
 
 
-def _resolve_quantize(quantize, file, root, where, problems):
-    """The paths a quantize section itself names (a QAT checkpoint, a calibration folder), resolved in place."""
-    for holder, key, where_exactly in ((quantize, "checkpoint", f"{where}.checkpoint"),
-                                       (quantize.get("calibration", {}), "path", f"{where}.calibration.path")):
+def _resolve_quantize(quantize, file, root, where, problems, shape):
+    """The paths a quantize section itself names (a QAT checkpoint, a calibration folder), resolved in place; and
+    image normalisation with one value per input channel (else it fails half-way through calibration)."""
+    calibration = quantize.get("calibration", {})
+    channels = shape[1] if len(shape) > 1 else None
+    for key in ("mean", "std"):
+        if key in calibration and channels is not None and len(calibration[key]) != channels:
+            problems.append(MobileBuildError(
+                f"expected {channels} values (one per input channel, input.shape[1]), got {len(calibration[key])}",
+                file=file, field=f"{where}.calibration.{key}"))
+    for holder, key, where_exactly, kind in (
+            (quantize, "checkpoint", f"{where}.checkpoint", "file"),
+            (quantize.get("calibration", {}), "path", f"{where}.calibration.path", "folder")):
         if key in holder:
             try:
-                holder[key] = _repo_path(holder[key], file, root, where_exactly)
+                holder[key] = _repo_path(holder[key], file, root, where_exactly, kind=kind)
             except MobileBuildError as exc:
                 problems.append(exc)
 
@@ -231,7 +297,7 @@ def load(path, root, cache=None):
             model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
         except MobileBuildError as exc:
             problems.append(exc)
-    _resolve_quantize(data["quantize"], file, root, "quantize", problems)
+    _resolve_quantize(data["quantize"], file, root, "quantize", problems, data["input"]["shape"])
     recipe_prune = _prune_with_defaults(data["prune"])
 
     targets, seen = [], {}
@@ -244,7 +310,8 @@ def load(path, root, cache=None):
         seen[target_id] = index
         quantize = data["quantize"]
         if "quantize" in entry:
-            _resolve_quantize(entry["quantize"], file, root, f"targets[{index}].quantize", problems)
+            _resolve_quantize(entry["quantize"], file, root, f"targets[{index}].quantize", problems,
+                              data["input"]["shape"])
             quantize = {**data["quantize"], **entry["quantize"]}
             _apply_defaults(schema()["properties"]["quantize"], quantize)
         targets.append(Target(id=target_id, backend=entry["backend"], runtime=entry.get("runtime"),

@@ -52,4 +52,4 @@ def run(inputs, config, output):
             reestimate_batchnorm(model, config["input"], config["batchnorm_stats"], config["seed"])
     else:
         check_input(model, config["input"])
-    torch.save(model.state_dict(), output)
+    modeling.save(model.state_dict(), output)

@@ -24,6 +24,9 @@ def resolve_callable(spec, field):
         target = importlib.import_module(module_name)
     except ImportError as exc:
         raise MobileBuildError(f"cannot import module {module_name!r}: {first_line(exc)}", field=field) from None
+    except Exception as exc:  # the user's module fails as it loads: a syntax error, an exception at import time
+        raise MobileBuildError(f"cannot import module {module_name!r}: {type(exc).__name__}: {first_line(exc)}",
+                               field=field) from None
     for attr in attr_path.split("."):
         try:
             target = getattr(target, attr)
@@ -32,6 +35,16 @@ def resolve_callable(spec, field):
     if not callable(target):
         raise MobileBuildError(f"{spec!r} is not callable", field=field)
     return target
+
+
+def call_user(function, spec, field, *args, **kwargs):
+    """Call a function the recipe names; whatever it raises is the user's error, reported against `field`."""
+    try:
+        return function(*args, **kwargs)
+    except MobileBuildError:
+        raise
+    except Exception as exc:
+        raise MobileBuildError(f"{spec} raised {type(exc).__name__}: {first_line(exc)}", field=field) from None
 
 
 def build_model(source, seed):
@@ -105,8 +118,9 @@ def load_state_dict_file(path, field):
         raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint ({detail.strip() or 'corrupt'})",
                                field=field) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        # the first sentence: torch goes on about miniz internals and how files get corrupted
         raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint (empty or truncated?): "
-                               f"{first_line(exc)}", field=field) from None
+                               f"{first_line(exc).split('. ')[0]}", field=field) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -140,10 +154,22 @@ def _few(items, limit=3):
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
+def save(obj, path):
+    """torch.save through a Python file: a failed write (a full disk, a file-size limit) then raises the OSError
+    that says why, where torch's own file writer raises an opaque RuntimeError about zip offsets."""
+    with open(path, "wb") as handle:
+        try:
+            torch.save(obj, handle)
+        except RuntimeError as exc:
+            if isinstance(exc.__context__, OSError):  # the writer's complaint while unwinding from the failed write
+                raise exc.__context__ from None
+            raise
+
+
 def save_module(module, path):
     """Intermediate artifacts between eager stages are whole pickled modules (their structure changes along
     the way: fused, observed, quantized). They are only ever read back by this package's own stages."""
-    torch.save(module, path)
+    save(module, path)
 
 
 def load_module(path):

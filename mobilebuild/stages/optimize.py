@@ -41,4 +41,6 @@ def run(inputs, config, output):
         torch.backends.quantized.engine = config["engine"]
     scripted = torch.jit.load(inputs["scripted"], map_location="cpu")
     optimized = optimize(scripted, config["options"], config["script_mode"], config["input"])
-    optimized._save_for_lite_interpreter(str(output))
+    data = optimized._save_to_buffer_for_lite_interpreter()
+    with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
+        handle.write(data)

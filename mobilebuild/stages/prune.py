@@ -29,11 +29,20 @@ def apply(model, settings):
     """Prune `model` in place as `settings` say; return the names of the modules pruned."""
     modules = chosen_modules(model, settings.get("modules"))
     torch.manual_seed(settings["seed"])  # random_unstructured draws from the global generator
-    for module in modules.values():
+    for name, module in modules.items():
         if settings["method"] == "ln_structured":
-            prune.ln_structured(module, "weight", amount=settings["amount"], n=settings["n"], dim=settings["dim"])
-        else:
-            getattr(prune, settings["method"])(module, "weight", amount=settings["amount"])
+            dims = module.weight.dim()
+            if not -dims <= settings["dim"] < dims:
+                raise MobileBuildError(f"dim {settings['dim']} is out of range for {name}.weight ({dims} dimensions)",
+                                       field="prune.dim")
+        try:
+            if settings["method"] == "ln_structured":
+                prune.ln_structured(module, "weight", amount=settings["amount"], n=settings["n"],
+                                    dim=settings["dim"])
+            else:
+                getattr(prune, settings["method"])(module, "weight", amount=settings["amount"])
+        except (ValueError, TypeError, IndexError, RuntimeError) as exc:  # torch's checks of the recipe's settings
+            raise MobileBuildError(f"cannot prune {name}.weight: {modeling.first_line(exc)}", field="prune") from None
         prune.remove(module, "weight")  # bake the mask into the weight: a plain state_dict again
     return sorted(modules)
 
@@ -52,4 +61,4 @@ def sparsity(state, names=None):
 def run(inputs, config, output):
     model = modeling.restore_model(config["model"], inputs["checkpoint"])
     apply(model, config["prune"])
-    torch.save(model.state_dict(), output)
+    modeling.save(model.state_dict(), output)

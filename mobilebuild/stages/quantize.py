@@ -2,6 +2,7 @@
 recipe, step 2) calibrated on random, image-folder or user-supplied batches; dynamic (no calibration); or the
 conversion of a quantization-aware-trained checkpoint."""
 
+import contextlib
 import itertools
 import warnings
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 import torch.ao.nn.intrinsic as nni
 from torch import nn
 from torch.ao import quantization as tq
+from torch.overrides import TorchFunctionMode
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.stages import fuse, modeling
@@ -51,8 +53,29 @@ def calibration_batches(calibration, input_config):
                 for i in range(calibration["batches"]))
     if source == "images":
         return _image_batches(calibration, input_config)
-    produce = modeling.resolve_callable(calibration["function"], field="quantize.calibration.function")
-    return itertools.islice(produce(**calibration["kwargs"]), calibration["batches"])
+    spec, field = calibration["function"], "quantize.calibration.function"
+    produced = modeling.call_user(modeling.resolve_callable(spec, field), spec, field, **calibration["kwargs"])
+    try:
+        batches = iter(produced)
+    except TypeError:
+        raise MobileBuildError(f"{spec} returned {type(produced).__name__}, expected an iterable of input batches",
+                               field=field) from None
+    return _user_batches(itertools.islice(batches, calibration["batches"]), spec, field)
+
+
+def _user_batches(batches, spec, field):
+    """The user's generator runs as calibration consumes it: what it raises then is theirs, not a bug here."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except MobileBuildError:
+            raise
+        except Exception as exc:
+            raise MobileBuildError(f"{spec} raised {type(exc).__name__}: {modeling.first_line(exc)}",
+                                   field=field) from None
+        yield batch
 
 
 # Linear-ReLU too: the fuse stage has usually fused them, and a fused one is no longer an nn.Linear.
@@ -104,16 +127,27 @@ def prepare_qat_model(model, engine, fuse_setting="auto", weights=None):
     return tq.prepare_qat(fused, inplace=True)
 
 
-def static(model, engine, batches, weights=None):
+def static(model, engine, batches, weights=None, field="quantize.calibration"):
+    """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from."""
     model = prepared(model, engine, qconfig_for(engine, weights))
     seen = 0
     with torch.no_grad():
         for batch in batches:
-            model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+            try:
+                model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+            except Exception as exc:  # batches of the wrong shape or type, from the user's calibration function
+                raise MobileBuildError(f"the model rejects a calibration batch of shape {_shape(batch)}: "
+                                       f"{modeling.first_line(exc)}", field=field) from None
             seen += 1
     if not seen:
-        raise MobileBuildError("calibration produced no batches", field="quantize.calibration")
+        raise MobileBuildError("calibration produced no batches", field=field)
     return tq.convert(model, inplace=True)
+
+
+def _shape(batch):
+    if isinstance(batch, (tuple, list)):
+        return [_shape(item) for item in batch]
+    return list(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__
 
 
 def dynamic(model, engine, weights=None):
@@ -147,13 +181,64 @@ def load_quantized(fused_path, state_path, engine, quantization):
     return model.eval()
 
 
+class _FailingCall(TorchFunctionMode):
+    """Notes the torch function that raised: a quantized model's own error ("empty_strided not supported on
+    quantized tensors yet") seldom names the operation at fault."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        try:
+            return func(*args, **(kwargs or {}))
+        except Exception:
+            self.failed = self.failed or func
+            raise
+
+
+def _call_name(func):
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    return name.replace("TensorBase.", "Tensor.") if "." in name else f"{getattr(func, '__module__', None) or 'torch'}.{name}"
+
+
+def check_runs(model, input_config, engine, field):
+    """Eager conversion accepts operations that have no quantized kernel (`x + y` on two quantized tensors, without
+    FloatFunctional); they would fail only later, when the model is traced or verified, or on the phone. Run the
+    example input once here, so the failure names this stage and the operation."""
+    def forward(watcher=contextlib.nullcontext()):
+        with torch.no_grad(), watcher:
+            model(modeling.example_input(input_config))
+
+    try:
+        forward()
+    except Exception as exc:
+        detail = modeling.first_line(exc).split(". ")[0]
+        watcher = _FailingCall()
+        try:
+            forward(watcher)  # again, only to find the operation: a TorchFunctionMode slows every call
+        except Exception:
+            pass
+        if watcher.failed is None:
+            raise MobileBuildError(f"the quantized model fails on the {engine} engine: {detail}",
+                                   field=field) from None
+        raise MobileBuildError(
+            f"the quantized model fails on the {engine} engine in {_call_name(watcher.failed)} ({detail}): an "
+            "operation on quantized tensors without a quantized kernel; use torch.ao.nn.quantized.FloatFunctional "
+            "for +, * and cat, or a DeQuantStub before it", field=field) from None
+
+
 def run(inputs, config, output):
     engine, weights = config["engine"], config["weights"]
     if config["mode"] == "static":
-        batches = calibration_batches(config["calibration"], config["input"])
-        quantized = static(modeling.load_module(inputs["model"]), engine, batches, weights)
+        calibration = config["calibration"]
+        batches = calibration_batches(calibration, config["input"])
+        field = "quantize.calibration.function" if calibration["source"] == "function" else "quantize.calibration"
+        quantized = static(modeling.load_module(inputs["model"]), engine, batches, weights, field=field)
     elif config["mode"] == "dynamic":
         quantized = dynamic(modeling.load_module(inputs["model"]), engine, weights)
     else:
         quantized = from_qat(config["model"], inputs["trained"], engine, config["fuse"], weights)
-    torch.save(quantized.state_dict(), output)
+    source_field = "model.factory" if "factory" in config["model"] else "model.torchvision"
+    check_runs(quantized, config["input"], engine, field=source_field)
+    modeling.save(quantized.state_dict(), output)

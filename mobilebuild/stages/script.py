@@ -31,8 +31,8 @@ def to_torchscript(model, mode, example):
             return torch.jit.trace(model, example)
         except Exception as exc:
             raise MobileBuildError(
-                f"torch.jit.trace failed ({modeling.first_line(exc)}); if forward has data-dependent control "
-                "flow, set `script: script`", field="script") from None
+                f"torch.jit.trace failed ({modeling.first_line(exc)}); tracing records tensor operations only: for "
+                "non-tensor outputs or data-dependent control flow, set `script: script`", field="script") from None
 
 
 def run(inputs, config, output):
@@ -46,4 +46,5 @@ def run(inputs, config, output):
     if config["input"]["memory_format"] == "channels_last":
         model = ChannelsLastInput(model).eval()
     scripted = to_torchscript(model, config["mode"], modeling.example_input(config["input"]))
-    torch.jit.save(scripted, str(output))
+    with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
+        torch.jit.save(scripted, handle)

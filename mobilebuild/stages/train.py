@@ -18,4 +18,4 @@ def run(inputs, config, output):
         raise MobileBuildError(f"training raised {type(exc).__name__}: {modeling.first_line(exc)}",
                                field="model.train.function") from None
     model = trained if isinstance(trained, torch.nn.Module) else model
-    torch.save(model.state_dict(), output)
+    modeling.save(model.state_dict(), output)

@@ -14,12 +14,16 @@ def evaluation_data(config):
     if "evaluation" not in config:
         batches = [modeling.example_input(config["input"], seed=config["seed"] + i) for i in range(config["samples"])]
         return torch.cat(batches), None, "random"
-    produce = modeling.resolve_callable(config["evaluation"]["function"], field="verify.evaluation.function")
-    data = produce(**config["evaluation"]["kwargs"])
-    inputs, labels = data if isinstance(data, (tuple, list)) else (data, None)
+    spec, field = config["evaluation"]["function"], "verify.evaluation.function"
+    data = modeling.call_user(modeling.resolve_callable(spec, field), spec, field, **config["evaluation"]["kwargs"])
+    inputs, labels = data if isinstance(data, (tuple, list)) and len(data) == 2 else (data, None)
     if not isinstance(inputs, torch.Tensor) or list(inputs.shape[1:]) != config["input"]["shape"][1:]:
         raise MobileBuildError(f"expected inputs of shape [N, {', '.join(map(str, config['input']['shape'][1:]))}]"
                                f", got {getattr(inputs, 'shape', type(inputs).__name__)}",
+                               field="verify.evaluation.function")
+    if labels is not None and (not isinstance(labels, torch.Tensor) or list(labels.shape) != [len(inputs)]):
+        got = f"a Tensor of shape {list(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise MobileBuildError(f"expected one label per input ({len(inputs)}), got {got}",
                                field="verify.evaluation.function")
     return inputs, labels, "evaluation"
 
