@@ -29,7 +29,7 @@ def run_doit(args):
 def _recipe_files(paths):
     for path in map(Path, paths):
         if path.is_dir():
-            yield from sorted(p for p in path.rglob("*") if p.suffix in recipe.RECIPE_SUFFIXES and p.is_file())
+            yield from recipe.recipe_files(path)
         else:
             yield path
 

@@ -104,7 +104,7 @@ def recipe_nodes(recipe, root):
         node = Node("train", recipe.name, config={"model": source, "seed": recipe.model["seed"], "train": train,
                                                   "input": recipe.input},
                     inputs={}, output=f"{out}/trained.pt",
-                    files=_source_files(root, recipe.model.get("factory"), train["function"]), **common)
+                    files=source_files + _source_files(root, train["function"]), **common)
         nodes.append(node)
         weights = {"weights": node.output}
     if "checkpoint" in recipe.model:

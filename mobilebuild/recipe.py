@@ -327,12 +327,14 @@ def load(path, root, cache=None):
     )
 
 
+def recipe_files(directory):
+    """Every recipe file below `directory`, at any depth, in a stable order."""
+    return sorted(p for p in Path(directory).rglob("*") if p.suffix in RECIPE_SUFFIXES and p.is_file())
+
+
 def discover(root):
-    """Every recipe file below `root/recipes`, in a stable order."""
-    base = Path(root) / RECIPE_DIR
-    if not base.is_dir():
-        return []
-    return sorted(p for p in base.rglob("*") if p.suffix in RECIPE_SUFFIXES and p.is_file())
+    """Every recipe file below `root/recipes`."""
+    return recipe_files(Path(root) / RECIPE_DIR)
 
 
 def load_all(root, paths=None):
