@@ -1,6 +1,10 @@
 """`mobilebuild`: the same doit tasks as `doit` in the repository root, plus commands that need no build.
 
-    mobilebuild build [TASK...]          build, verify, benchmark and report (or the named tasks); doit options pass
+    mobilebuild build [--no-cache] [TASK...]
+                                         build, verify, benchmark and report (or the named tasks); doit options pass;
+                                         --no-cache neither reads nor fills the shared artifact cache
+    mobilebuild cache stats|clear|prune --max-size SIZE
+                                         the shared artifact cache ($MOBILEBUILD_CACHE, default ~/.cache/mobilebuild)
     mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
     mobilebuild bench [--baseline FILE] [--save-baseline FILE] [--tolerance 0.10]
                                          benchmark every artifact; compare with, or save, a baseline of medians
@@ -10,6 +14,7 @@
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -73,6 +78,28 @@ def bench(args):
     return status
 
 
+def cache_command(args):
+    from mobilebuild import cache
+
+    parser = argparse.ArgumentParser(prog="mobilebuild cache", description="The shared artifact cache.")
+    parser.add_argument("action", choices=["stats", "prune", "clear"])
+    parser.add_argument("--max-size", type=cache.parse_size, help="prune: keep at most this much, e.g. 2GB")
+    options = parser.parse_args(args)
+    url = cache.default_url()
+    if url is None:
+        print("the artifact cache is off (MOBILEBUILD_CACHE)")
+        return 0
+    shared = cache.Cache(url)
+    if options.action == "prune":
+        if options.max_size is None:
+            parser.error("prune needs --max-size")
+        found = shared.prune(options.max_size)
+    else:
+        found = shared.stats() if options.action == "stats" else shared.clear()
+    print(f"{shared.location}: " + ", ".join(f"{key} {value}" for key, value in found.items() if key != "location"))
+    return 0
+
+
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"], ["help"]) and len(args) == 1:
@@ -82,6 +109,11 @@ def main(argv=None):
         return validate(args[1:])
     if args[:1] == ["bench"]:
         return bench(args[1:])
+    if args[:1] == ["cache"]:
+        return cache_command(args[1:])
+    if "--no-cache" in args:
+        args.remove("--no-cache")
+        os.environ["MOBILEBUILD_CACHE"] = "off"  # the workers, Dask's too, inherit it
     if args[:1] == ["build"]:
         return run_doit(["run", *args[1:]] if len(args) > 1 else ["run", "build"])
     return run_doit(args)

@@ -4,55 +4,100 @@ Imported by the task layer, so it must not import torch itself: stage modules ar
 """
 
 import contextlib
+import functools
 import importlib
+import json
 import os
 import shutil
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from mobilebuild import graph, store
+from mobilebuild import graph, store, worker
 from mobilebuild.errors import MobileBuildError
 
-# Stages without tensors live outside mobilebuild.stages.
-STAGE_MODULES = {"manifest": "mobilebuild.manifest"}
-
-# torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
-# recipe.
-_QUIET = [(FutureWarning, r"torch(\..*)?"), (DeprecationWarning, r"torch(\..*)?"), (Warning, r"torch\.ao\..*"),
-          (UserWarning, r"torch\._utils")]
-
-
-def stage_module(stage):
-    return importlib.import_module(STAGE_MODULES.get(stage, f"mobilebuild.stages.{stage}"))
+# Stages without tensors run in the build's own process; the others in a worker (worker.py).
+IN_PROCESS = {"manifest": "mobilebuild.manifest"}
+# The manifest reads results as they are now, which no key describes: it is always written afresh (and is cheap).
+UNCACHED = {"manifest"}
 
 
 def run_node(node):
-    """Build one node; return doit's TaskFailed (rendered as a single line) for a user mistake."""
-    root = os.getcwd()
-    if root not in sys.path:
-        sys.path.insert(0, root)  # recipe factories name modules of the repository
+    """Build one node, or fetch it from the shared cache; return doit's TaskFailed (rendered as a single line) for a
+    user mistake."""
     started = time.perf_counter()
+    shared, key = _cache_entry(node)
+    if key is not None:
+        found = shared.fetch(key, {"artifact": Path(node.output)})
+        if found is not None:
+            print(f"   {node.output} (from the cache)", flush=True)
+            return _result(node, found.get("verdict"))
     try:
-        with warnings.catch_warnings():
-            for category, module in _QUIET:
-                warnings.filterwarnings("ignore", category=category, module=module)
-            module = stage_module(node.stage)
-            with store.atomic_output(node.output) as tmp:
-                # A stage returns a message when what it wrote is a bad result rather than a broken input
-                # (a verification below threshold): the file is kept, and the task still fails.
-                verdict = module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, tmp)
+        with store.atomic_output(node.output) as tmp:
+            # A stage returns a message when what it wrote is a bad result rather than a broken input
+            # (a verification below threshold): the file is kept, and the task still fails.
+            verdict = _run_stage(node, tmp)
     except MobileBuildError as exc:
         exc.field = recipe_field(exc.field, node.fields)
         return TaskFailed(str(exc.located(node.recipe_file)))
     except OSError as exc:  # a full disk, a file-size limit, a read-only artifacts folder: the machine, not the recipe
         return TaskFailed(_os_problem(exc, node.output))
+    except worker.WorkerDied as exc:
+        return TaskFailed(f"{node.recipe_file}: {node.task_name}: {exc}; nothing was written")
     size = os.path.getsize(node.output)
     print(f"   {node.output} ({size / 1e6:.2f} MB, {time.perf_counter() - started:.1f} s)", flush=True)
+    if key is not None:
+        with contextlib.suppress(OSError):  # an unwritable cache costs the next build time, never this one
+            shared.store(key, {"artifact": Path(node.output)}, {"verdict": verdict})
+    return _result(node, verdict)
+
+
+def _result(node, verdict):
     return TaskFailed(f"{node.recipe_file}: {verdict}") if verdict else None
+
+
+@functools.cache
+def shared_cache():
+    """The shared artifact cache ($MOBILEBUILD_CACHE, by default a folder in the user's cache directory), or None
+    when it is off."""
+    from mobilebuild import cache  # fsspec: only when something is built
+
+    url = cache.default_url()
+    return cache.Cache(url) if url else None
+
+
+def _cache_entry(node):
+    """(cache, key) for a node the cache holds; (None, None) otherwise. A benchmark is only worth reusing on the
+    same kind of machine: its key names the host."""
+    if node.stage in UNCACHED or shared_cache() is None:
+        return None, None
+    from mobilebuild import cache
+    from mobilebuild.stages.bench import host  # no torch there
+
+    hashes = {f"input:{role}": store.sha256_file(path) for role, path in node.inputs.items()}
+    hashes.update({f"file:{path}": store.sha256_file(path) for path in node.files})
+    if node.stage == "bench":
+        hashes["host"] = json.dumps(host(), sort_keys=True)
+    return shared_cache(), cache.entry_key(node.key(), hashes)
+
+
+def _run_stage(node, output):
+    if node.stage in IN_PROCESS:
+        module = importlib.import_module(IN_PROCESS[node.stage])
+        return module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, output)
+    reply = worker.call({"stage": node.stage, "inputs": node.inputs, "config": node.config,
+                         "output": str(output), "root": os.getcwd()}, python=node.interpreter)
+    sys.stdout.write(reply["printed"])
+    if "error" in reply:
+        raise MobileBuildError(**reply["error"])
+    if "oserror" in reply:
+        problem = reply["oserror"]
+        raise OSError(problem["errno"], problem["strerror"] or problem["text"], problem["filename"])
+    if "crash" in reply:  # a bug of mobilebuild's, not the user's: the traceback is for us
+        raise RuntimeError(f"{node.task_name} crashed in its worker:\n{reply['crash']}")
+    return reply["verdict"]
 
 
 def recipe_field(field, fields):

@@ -14,7 +14,8 @@ from mobilebuild.errors import MobileBuildError, RecipeErrors
 ARTIFACTS_DIR = "artifacts"
 
 # Stage order, for listing and documentation; each is a doit task group.
-STAGES = ("train", "checkpoint", "prune", "fuse", "quantize", "script", "optimize", "verify", "bench", "manifest")
+STAGES = ("train", "checkpoint", "prune", "fuse", "quantize", "script", "optimize", "nnapi", "lower", "export",
+          "verify", "bench", "manifest")
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,14 @@ class Node:
     # Where settings a stage names by their recipe-level field sit for this node, when elsewhere: a target's own
     # `prune` or `quantize`, the target itself for "targets". Not part of the key: reordering targets rebuilds nothing.
     fields: dict = field(default_factory=dict)
+    interpreter: str | None = None  # another Python that runs the stage (a target's `toolchain`)
 
     @property
     def task_name(self):
         return f"{self.stage}:{self.name}"
 
     def key(self):
-        return {"stage": self.stage, "config": self.config, "toolchain": toolchain.versions()}
+        return {"stage": self.stage, "config": self.config, "toolchain": toolchain.versions(self.interpreter)}
 
     def dependencies(self):
         return [*self.inputs.values(), *self.files]
@@ -150,9 +152,10 @@ def recipe_nodes(recipe, root):
                      config={"model": source, "fuse": recipe.fuse, "input": recipe.input},
                      inputs=weights_in, output=f"{out}/fused{weights_tag}.pt", files=source_files, **common)
         nodes.append(fused)
+        precision = route.precision(target)
         model_inputs = {"model": fused.output}
         quantization = None
-        if route.precision == "int8":
+        if precision == "int8" and route.quantizer == "eager":
             try:
                 quantized = _quantize_node(recipe, target, route, fused, checkpoint, root, own_quantization,
                                            fields if own_quantization else {})
@@ -161,26 +164,21 @@ def recipe_nodes(recipe, root):
                 continue
             nodes.append(quantized)
             model_inputs["quantized"] = quantized.output
+        if precision == "int8":
             quantization = {"mode": target.quantize["mode"], "weights": target.quantize.get("weights")}
-        script_name = f"{recipe.name}-{target.id}" if own_quantization else f"{recipe.name}-{route.precision_tag}"
-        scripted = Node("script", script_name,
-                        config={"mode": recipe.script, "precision": route.precision, "engine": route.engine,
-                                "quantization": quantization, "input": recipe.input},
-                        inputs=model_inputs, output=f"{out}/scripted-{script_name.removeprefix(recipe.name + '-')}.pt",
-                        **common)
-        final = Node(route.final_stage, f"{recipe.name}-{target.id}",
-                     config={"backend": route.backend, "engine": route.engine, "options": target.optimize,
-                             "script_mode": recipe.script, "input": recipe.input},
-                     inputs={"scripted": scripted.output}, output=f"{out}/{recipe.name}-{target.id}{route.suffix}",
-                     describes={"backend": route.backend, "runtime": route.runtime, "target": target.id},
-                     fields=fields, **common)
-        nodes += [scripted, final]
-        runtime = {"runtime": route.runtime, "engine": route.engine, "input": recipe.input,
-                   "runs_on_host": route.runs_on_host}
+        try:
+            final, made = _final_nodes(recipe, target, route, precision, model_inputs, quantization, own_quantization,
+                                       fields, root)
+        except MobileBuildError as exc:
+            problems.append(exc)
+            continue
+        nodes += [*made, final]
+        runtime = {"runtime": route.loader, "engine": route.engine if route.quantizer == "eager" else None,
+                   "input": recipe.input, "runs_on_host": route.runs_on_host, "host_reason": route.host_reason}
         results.append(Node(
             "verify", f"{recipe.name}-{target.id}",
-            config={**runtime, "model": source, "precision": route.precision, "pruning": target.prune,
-                    **_verify_settings(recipe.verify, route.precision)},
+            config={**runtime, "model": source, "precision": precision, "pruning": target.prune,
+                    **_verify_settings(recipe.verify, precision)},
             # a pruned artifact is checked against the pruned eager model: the build must not change it further
             inputs={"artifact": final.output, "checkpoint": (pruned or checkpoint).output},
             output=f"{out}/verify-{target.id}.json",
@@ -192,7 +190,8 @@ def recipe_nodes(recipe, root):
                     "label": f"{recipe.name}-{target.id}"},
             inputs={"artifact": final.output}, output=f"{out}/bench-{target.id}.json", fields=fields, **common))
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
-                        "precision": route.precision, "path": final.output, "runs_on_host": route.runs_on_host,
+                        "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
+                        "device_only": route.device_only, "delegate": final.config.get("delegate"),
                         "pruning": target.prune or None, "quantization": quantization})
     if problems:
         raise RecipeErrors(problems)
@@ -210,6 +209,50 @@ def recipe_nodes(recipe, root):
         inputs={n.task_name: n.output for n in artifacts}, output=f"{out}/manifest.json",
         observes=tuple(n.output for n in results), **common)
     return artifacts + results + [manifest]
+
+
+def _final_nodes(recipe, target, route, precision, model_inputs, quantization, own_quantization, fields, root):
+    """The node that writes the shipped artifact, and the TorchScript node before it where the route has one."""
+    out = out_dir(recipe)
+    common = {"recipe": recipe.name, "recipe_file": recipe.file, "fields": fields,
+              "describes": {"backend": route.backend, "runtime": route.runtime, "target": target.id}}
+    name = f"{recipe.name}-{target.id}"
+    output = f"{out}/{name}{route.suffix}"
+    interpreter = toolchain.interpreter(target.toolchain, recipe.file, root, f"targets[{target.index}].toolchain")
+    if route.through_torchscript:
+        script_name = f"{recipe.name}-{target.id}" if own_quantization else f"{recipe.name}-{route.tag(precision)}"
+        scripted = Node("script", script_name,
+                        config={"mode": recipe.script, "precision": precision, "engine": route.engine,
+                                "quantization": quantization, "input": recipe.input},
+                        inputs=model_inputs, output=f"{out}/scripted-{script_name.removeprefix(recipe.name + '-')}.pt",
+                        recipe=recipe.name, recipe_file=recipe.file)
+        final = Node("optimize", name,
+                     config={"backend": route.backend, "engine": route.engine if precision == "int8" else None,
+                             "options": target.optimize, "script_mode": recipe.script, "input": recipe.input},
+                     inputs={"scripted": scripted.output}, output=output, interpreter=interpreter, **common)
+        return final, [scripted]
+    config = {"precision": precision, "input": recipe.input}
+    files = ()
+    if route.final_stage == "nnapi":
+        config.update(mode=target.nnapi["mode"], engine=route.engine, quantization=quantization,
+                      options={"bundled_inputs": target.optimize["bundled_inputs"]})
+    else:
+        if precision == "int8":
+            if target.quantize["mode"] != "static":
+                raise MobileBuildError(f"{route.backend} ({route.runtime}) quantizes with calibration data only: "
+                                       f"expected mode 'static', got {target.quantize['mode']!r}",
+                                       file=recipe.file, field=fields.get("quantize.mode", "quantize.mode"))
+            config.update(calibration=target.quantize["calibration"], weights=target.quantize.get("weights"))
+            files = _calibration_files(recipe, target.quantize, fields.get("quantize.calibration",
+                                                                           "quantize.calibration"), root)
+        if route.final_stage == "lower":
+            options = dict(target.executorch)
+            config.update(delegate=options.pop("delegate", route.delegate), options=options)
+        else:
+            config.update(options=dict(target.onnx))
+        model_inputs = {"model": model_inputs["model"]}
+    return Node(route.final_stage, name, config=config, inputs=model_inputs, output=output, files=files,
+                interpreter=interpreter, **common), []
 
 
 def _own_fields(recipe, target):
@@ -230,26 +273,32 @@ def _quantize_node(recipe, target, route, fused, checkpoint, root, own, fields):
               "input": recipe.input, "model": _model_source(recipe.model), "fuse": recipe.fuse}
     inputs, files = {"model": fused.output}, ()
     if settings["mode"] == "static":
-        calibration = config["calibration"] = settings["calibration"]
-        if calibration["source"] == "images":
-            where = fields.get("quantize.calibration", "quantize.calibration")
-            files, links = _files_below(calibration["path"], root)
-            files = tuple(files)
-            if not files:
-                raise MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
-                                       file=recipe.file, field=f"{where}.path")
-            escaping = _escaping(links, root)
-            if escaping:
-                raise MobileBuildError(f"{escaping[0]} leaves the repository (a symlink); calibration images must "
-                                       "stay inside it", file=recipe.file, field=f"{where}.path")
-        elif calibration["source"] == "function":
-            files = _source_files(root, calibration["function"])
+        config["calibration"] = settings["calibration"]
+        files = _calibration_files(recipe, settings, fields.get("quantize.calibration", "quantize.calibration"), root)
     elif settings["mode"] == "qat":
         inputs["trained"] = settings["checkpoint"]
     name = f"{recipe.name}-{target.id}" if own else f"{recipe.name}-{route.engine}"
     return Node("quantize", name, config=config, inputs=inputs,
                 output=f"{out_dir(recipe)}/quantized-{name.removeprefix(recipe.name + '-')}.pt", files=files,
                 fields=fields, recipe=recipe.name, recipe_file=recipe.file)
+
+
+def _calibration_files(recipe, settings, where, root):
+    """The files calibration reads, so that changing them re-runs it."""
+    calibration = settings["calibration"]
+    if calibration["source"] == "function":
+        return _source_files(root, calibration["function"])
+    if calibration["source"] != "images":
+        return ()
+    files, links = _files_below(calibration["path"], root)
+    if not files:
+        raise MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
+                               file=recipe.file, field=f"{where}.path")
+    escaping = _escaping(links, root)
+    if escaping:
+        raise MobileBuildError(f"{escaping[0]} leaves the repository (a symlink); calibration images must "
+                               "stay inside it", file=recipe.file, field=f"{where}.path")
+    return tuple(files)
 
 
 def out_dir(recipe):

@@ -56,6 +56,11 @@ class Target:
     index: int  # position in `targets`, for error messages
     prune: object = False  # this target's pruning: the recipe's unless it has its own
     quantize: dict = field(default_factory=dict)  # the recipe's quantize, with this target's settings merged in
+    precision: str | None = None
+    toolchain: str | None = None  # another interpreter, as the recipe names it (see toolchain.py)
+    nnapi: dict = field(default_factory=dict)
+    executorch: dict = field(default_factory=dict)
+    onnx: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -316,7 +321,9 @@ def load(path, root, cache=None):
             _apply_defaults(schema()["properties"]["quantize"], quantize)
         targets.append(Target(id=target_id, backend=entry["backend"], runtime=entry.get("runtime"),
                               optimize=entry["optimize"], index=index, quantize=quantize,
-                              prune=_prune_with_defaults(entry["prune"]) if "prune" in entry else recipe_prune))
+                              prune=_prune_with_defaults(entry["prune"]) if "prune" in entry else recipe_prune,
+                              precision=entry.get("precision"), toolchain=entry.get("toolchain"),
+                              nnapi=entry["nnapi"], executorch=entry["executorch"], onnx=entry["onnx"]))
     if problems:
         raise RecipeErrors(problems)
 

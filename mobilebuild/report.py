@@ -283,6 +283,8 @@ def _table(rows):
                           if r.metric("accuracy_reference") is not None and not _get(r.target, "pruning")), None)
         columns.append(("accuracy (reference -> artifact)", True,
                         lambda row: _percent(reference) if row is eager else _accuracy(row)))
+    if any(_structure(row) for row in rows):
+        columns.append(("graph (host-checked)", False, _structure))
     columns.append(("status", False, lambda row: row.status))
     return ([name for name, _, _ in columns], [numeric for _, numeric, _ in columns],
             [[cell(row) for _, _, cell in columns] for row in rows])
@@ -298,6 +300,32 @@ def _compression(row):
     if quantization:
         parts.append(" ".join(_text(v) for v in (quantization.get("mode"), quantization.get("weights")) if v))
     return ", ".join(parts) or NONE
+
+
+def _structure(row):
+    """What the host read from the artifact itself: how much went to the delegate (ExecuTorch), the NNAPI model's
+    size, the ONNX graph's quantized share."""
+    facts = _dict(_get(row.verification, "artifact"))
+    delegation = _dict(facts.get("delegation"))
+    if delegation:
+        delegates = ", ".join(f"{_text(count)} {name} call(s)"
+                              for name, count in _dict(delegation.get("delegates")).items())
+        fallback = _text(delegation.get("fallback_calls"))
+        return f"{delegates or 'nothing delegated'}; {fallback} op(s) outside the delegate"
+    nnapi = _dict(facts.get("nnapi_model"))
+    if nnapi:
+        return f"NNAPI model: {_text(nnapi.get('operations'))} operations, {_text(nnapi.get('operands'))} operands"
+    if facts.get("quantized_nodes") is not None:
+        return f"{_text(facts.get('quantized_nodes'))} of {_text(facts.get('nodes'))} nodes quantized"
+    return ""
+
+
+def _fallbacks(rows):
+    """Which operators an ExecuTorch artifact runs outside its delegate, per target."""
+    for row in rows:
+        ops = _dict(_get(_dict(_get(row.verification, "artifact")), "delegation")).get("fallback_ops")
+        if isinstance(ops, dict) and ops:
+            yield f"not delegated ({row.label}): " + ", ".join(f"{op} x{count}" for op, count in sorted(ops.items()))
 
 
 def _failures(rows):
@@ -344,6 +372,7 @@ def _notes(rows):
                     f"thresholds: {_thresholds(_dict(_get(row.verification, 'thresholds'))) or NONE}")
         for row in rows[1:] if isinstance(_get(row.verification, "metrics"), dict))  # only what was checked
     notes.extend(f"verification ({', '.join(labels)}): {text}" for text, labels in verified.items())
+    notes.extend(_fallbacks(rows))
     return notes
 
 

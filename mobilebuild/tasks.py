@@ -15,8 +15,8 @@ from mobilebuild.execute import clean_output, clean_plots, run_node, write_repor
 from mobilebuild.reporter import Reporter
 
 __all__ = ["DOIT_CONFIG", "task_train", "task_checkpoint", "task_prune", "task_fuse", "task_quantize", "task_script",
-           "task_optimize", "task_verify", "task_bench", "task_manifest", "task_render_report", "task_benchmark",
-           "task_build"]
+           "task_optimize", "task_nnapi", "task_lower", "task_export", "task_verify", "task_bench", "task_manifest",
+           "task_render_report", "task_benchmark", "task_build"]
 
 
 
@@ -124,6 +124,21 @@ def task_script():
 def task_optimize():
     """optimize_for_mobile per target, saved for the lite interpreter (.ptl)."""
     yield from _tasks("optimize")
+
+
+def task_nnapi():
+    """NNAPI models (traced NHWC, converted by torch.backends._nnapi) with bundled inputs (.ptl)."""
+    yield from _tasks("nnapi")
+
+
+def task_lower():
+    """ExecuTorch programs (.pte) lowered to their delegate: XNNPACK, Vulkan, Core ML or MPS."""
+    yield from _tasks("lower")
+
+
+def task_export():
+    """ONNX models (.onnx), int8 through onnxruntime's static quantization."""
+    yield from _tasks("export")
 
 
 def task_verify():

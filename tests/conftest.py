@@ -11,6 +11,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+@pytest.fixture(scope="session", autouse=True)
+def private_artifact_cache(tmp_path_factory):
+    """The tests' builds share one artifact cache of their own, never the user's (~/.cache/mobilebuild)."""
+    if "MOBILEBUILD_CACHE" not in os.environ:
+        os.environ["MOBILEBUILD_CACHE"] = str(tmp_path_factory.mktemp("artifact-cache"))
+
 # A tiny model with the layout that trips optimize_for_mobile on traced modules: Conv(bias=False) then BatchNorm.
 TINYNET = textwrap.dedent('''
     import torch

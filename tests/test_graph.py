@@ -1,5 +1,7 @@
 """Recipes -> nodes: merged where identical, keyed on what they use, and clear about unbuildable targets."""
 
+import re
+
 import pytest
 import yaml
 from conftest import tiny_recipe
@@ -72,9 +74,42 @@ def test_an_empty_calibration_folder_is_reported(tmp_path):
         nodes_for(tmp_path, tiny_recipe(quantize={"calibration": {"source": "images", "path": "../calib"}}))
 
 
-@pytest.mark.parametrize("target", [{"backend": "vulkan"}, {"backend": "nnapi"}, {"backend": "metal"},
-                                    {"backend": "onnx"}, {"backend": "xnnpack", "runtime": "executorch"}])
+@pytest.mark.parametrize("target", [{"backend": "qnnpack", "runtime": "executorch"},
+                                    {"backend": "onnx", "runtime": "pytorch-mobile"},
+                                    {"backend": "nnapi", "runtime": "onnxruntime"}])
 def test_targets_this_version_cannot_build_fail_clearly(tmp_path, target):
     with pytest.raises(RecipeErrors, match=r"recipes/r.yaml: targets\[1\]: backend .* is not buildable by this "
                                            r"version of mobilebuild \(buildable: xnnpack \(pytorch-mobile\)"):
         nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "xnnpack"}, target]))
+
+
+@pytest.mark.parametrize(("target", "field", "message"), [
+    ({"backend": "qnnpack", "precision": "fp32"}, "targets[1].precision", "expected one of int8"),
+    ({"backend": "nnapi", "precision": "int8"}, "targets[1].precision", "NNAPI takes its precision from nnapi.mode"),
+    ({"backend": "onnx", "precision": "int8", "quantize": {"mode": "dynamic"}}, "targets[1].quantize.mode",
+     "expected mode 'static'"),
+])
+def test_precision_a_route_cannot_give_is_reported(tmp_path, target, field, message):
+    with pytest.raises(RecipeErrors, match=rf"recipes/r.yaml: {re.escape(field)}: .*{message}"):
+        nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "xnnpack"}, target]))
+
+
+def test_each_route_takes_its_own_chain(tmp_path):
+    targets = [{"backend": "xnnpack", "runtime": "executorch", "name": "et-fp32"},
+               {"backend": "xnnpack", "runtime": "executorch", "precision": "int8", "name": "et-int8"},
+               {"backend": "onnx", "precision": "int8"},
+               {"backend": "nnapi", "nnapi": {"mode": "full"}},
+               {"backend": "metal", "runtime": "executorch"},
+               {"backend": "vulkan"}]
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=targets))
+    assert nodes["lower:tiny-et-fp32"].inputs == {"model": "artifacts/tiny/fused.pt"}
+    assert nodes["lower:tiny-et-int8"].config["calibration"]["source"] == "random"
+    assert nodes["lower:tiny-metal-executorch"].config["delegate"] == "coreml"
+    assert nodes["export:tiny-onnx"].output == "artifacts/tiny/tiny-onnx.onnx"
+    # NNAPI's quantized modes start from the eager quantization of the QNNPACK engine, shared with a qnnpack target
+    assert nodes["nnapi:tiny-nnapi"].inputs == {"model": "artifacts/tiny/fused.pt",
+                                                "quantized": "artifacts/tiny/quantized-qnnpack.pt"}
+    assert nodes["optimize:tiny-vulkan"].config["backend"] == "vulkan"
+    assert not nodes["verify:tiny-vulkan"].config["runs_on_host"]
+    assert nodes["verify:tiny-et-int8"].config["runtime"] == "executorch"
+    assert not any(name.startswith("quantize:") and "onnx" in name for name in nodes)

@@ -1,4 +1,5 @@
-"""optimize: optimize_for_mobile, optional bundled inputs, saved for the lite interpreter (.ptl)."""
+"""optimize: optimize_for_mobile (CPU, or Vulkan / Metal where torch was built for them), optional bundled inputs,
+saved for the lite interpreter (.ptl)."""
 
 import torch
 import torch.utils.bundled_inputs
@@ -21,14 +22,30 @@ def blocklist_for(options, script_mode, scripted):
     return blocklist
 
 
-def optimize(scripted, options, script_mode, input_config):
+# optimize_for_mobile's GPU backends rewrite the graph into ops that only special builds of torch register.
+GPU_EXPORT_OPS = {"vulkan": ("vulkan_prepack", "create_conv2d_context", "USE_VULKAN=1"),
+                  "metal": ("metal_prepack", "conv2d_prepack", "the Metal export ops (USE_PYTORCH_METAL_EXPORT=1)")}
+
+
+def check_gpu_export(backend):
+    """Fail before optimizing, with what to do, where torch would fail halfway with 'Unknown custom class type'."""
+    namespace, op, build = GPU_EXPORT_OPS[backend]
+    if not hasattr(getattr(torch.ops, namespace), op):
+        raise MobileBuildError(
+            f"optimize_for_mobile(backend={backend!r}) needs a torch built with {build}; this torch "
+            f"{torch.__version__} (a stock wheel) has no {namespace}::{op}. Name such an interpreter with "
+            f"`toolchain:` on this target, or use `runtime: executorch`, which lowers for {backend} on stock wheels",
+            field="targets")
+
+
+def optimize(scripted, options, script_mode, input_config, backend="CPU"):
     blocklist = blocklist_for(options, script_mode, scripted)
     missing = [m for m in options["preserved_methods"] if not hasattr(scripted, m)]
     if missing:
         raise MobileBuildError(f"the scripted model has no method {', '.join(map(repr, missing))}",
                                field="optimize.preserved_methods")
     optimized = optimize_for_mobile(scripted, optimization_blocklist=blocklist,
-                                    preserved_methods=list(options["preserved_methods"]), backend="CPU")
+                                    preserved_methods=list(options["preserved_methods"]), backend=backend)
     if options["bundled_inputs"]:
         bundled = torch.utils.bundled_inputs.bundle_randn(*input_config["shape"],
                                                           dtype=modeling.DTYPES[input_config["dtype"]])
@@ -39,8 +56,11 @@ def optimize(scripted, options, script_mode, input_config):
 def run(inputs, config, output):
     if config["engine"]:
         torch.backends.quantized.engine = config["engine"]
+    backend = config["backend"] if config["backend"] in GPU_EXPORT_OPS else "CPU"
+    if backend != "CPU":
+        check_gpu_export(backend)
     scripted = torch.jit.load(inputs["scripted"], map_location="cpu")
-    optimized = optimize(scripted, config["options"], config["script_mode"], config["input"])
+    optimized = optimize(scripted, config["options"], config["script_mode"], config["input"], backend)
     data = optimized._save_to_buffer_for_lite_interpreter()
     with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
         handle.write(data)

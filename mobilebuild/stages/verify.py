@@ -51,6 +51,9 @@ def run(inputs, config, output):
     result = {"artifact_sha256": store.sha256_file(inputs["artifact"]),
               "status": "not run on host", "reason": config.get("host_reason"), "precision": config["precision"],
               "data": None, "samples": 0, "metrics": None, "thresholds": config["thresholds"], "failures": []}
+    facts = runtimes.inspect(config["runtime"], inputs["artifact"], config)
+    if facts is not None:
+        result["artifact"] = facts
     if config["runs_on_host"]:
         data, labels, description = evaluation_data(config)
         reference = modeling.restore_model(config["model"], inputs["checkpoint"])

@@ -1,0 +1,58 @@
+"""The worker's side of running a node (worker.py): the stage function, made reproducible, with the outcome as
+data: the build turns it into a task result (execute.py)."""
+
+import contextlib
+import importlib
+import io
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+from mobilebuild.errors import MobileBuildError
+
+# torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
+# recipe.
+_QUIET = [(FutureWarning, r"torch(\..*)?"), (DeprecationWarning, r"torch(\..*)?"), (Warning, r"torch\.ao\..*"),
+          (UserWarning, r"torch\._utils")]
+
+
+def run_stage(stage, inputs, config, output, root):
+    """Run one stage function; return its verdict (None, or a message for a bad result it still wrote)."""
+    from mobilebuild import reproducible  # torch
+
+    if root not in sys.path:
+        sys.path.insert(0, root)  # recipe factories name modules of the repository
+    with warnings.catch_warnings(), reproducible.jit_session():
+        for category, module in _QUIET:
+            warnings.filterwarnings("ignore", category=category, module=module)
+        module = importlib.import_module(f"mobilebuild.stages.{stage}")
+        verdict = module.run({role: Path(p) for role, p in inputs.items()}, config, Path(output))
+    reproducible.normalize_archive(output, root)
+    return verdict
+
+
+def handle(request):
+    """A request from the build -> its reply: the verdict, a user error, an OS error, or a crash's traceback, and
+    what the stage printed, which the build prints as the task's output (doit may capture it, e.g. `-r json`)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        reply = _outcome(request)
+    sys.stderr.flush()
+    return {**reply, "printed": printed.getvalue()}
+
+
+def _outcome(request):
+    try:
+        return {"verdict": run_stage(**request)}
+    except MobileBuildError as exc:
+        return {"error": {"message": exc.message, "field": exc.field, "file": exc.file}}
+    except OSError as exc:
+        return {"oserror": {"errno": exc.errno, "strerror": exc.strerror, "filename": _text(exc.filename),
+                            "text": str(exc)}}
+    except Exception:  # noqa: BLE001 - any other failure is a bug of ours: its traceback goes back to the build
+        return {"crash": traceback.format_exc()}
+
+
+def _text(filename):
+    return filename.decode(errors="replace") if isinstance(filename, bytes) else filename

@@ -1,0 +1,83 @@
+"""ExecuTorch programs (.pte) in the host's ExecuTorch runtime (`executorch.runtime.Runtime`, from the pip wheel).
+
+The host runtime has the XNNPACK delegate and the portable CPU kernels, so XNNPACK and undelegated programs run
+here; Vulkan, Core ML and MPS programs need their device's runtime and are refused with a one-line error.
+
+The runtime copies an input's bytes as the program laid its input out when it was exported (NCHW, or NHWC for a
+channels_last export) whatever the tensor's strides say, so the callable converts each input to that layout first;
+fed as-is, a channels_last tensor gives silently wrong numbers from an NCHW program, and vice versa.
+
+config: "timing": {"threads": n} sizes ExecuTorch's CPU thread pool (which XNNPACK uses; torch's own thread
+setting does not reach it).
+"""
+
+from pathlib import Path
+
+import torch
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.executorch_setup import ensure_flatc
+from mobilebuild.stages import lower, modeling
+
+CHANNELS_LAST_DIM_ORDER = [0, 2, 3, 1]
+
+
+def program_facts(data):
+    """Backends the program delegates to, and each input's dim order, from the .pte's program."""
+    ensure_flatc()
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    plan = deserialize_pte_binary(data).program.execution_plan[0]
+    backends = sorted({delegate.id for delegate in plan.delegates})
+    dim_orders = [list(getattr(plan.values[index].val, "dim_order", None) or []) for index in plan.inputs]
+    return backends, dim_orders
+
+
+def _set_threads(config):
+    threads = (config.get("timing") or {}).get("threads")
+    if threads:
+        from executorch.extension.pybindings import portable_lib
+
+        with lower.quiet():
+            portable_lib._unsafe_reset_threadpool(int(threads))
+
+
+def check_runs_here(path, backends):
+    from executorch.runtime import Runtime
+
+    missing = [b for b in backends if not Runtime.get().backend_registry.is_available(b)]
+    if missing:
+        raise MobileBuildError(f"{Path(path).name} delegates to {', '.join(missing)}, which this host's ExecuTorch "
+                               "runtime does not have: it runs only on a device with that backend (the host runs "
+                               "XNNPACK and portable-kernel programs)", field="targets")
+
+
+def _in_dim_order(tensor, dim_order):
+    if dim_order == CHANNELS_LAST_DIM_ORDER and tensor.dim() == 4:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor.contiguous()
+
+
+def load(path, config):
+    data = Path(path).read_bytes()
+    try:
+        backends, dim_orders = program_facts(data)
+    except Exception as exc:  # flatc or the schema rejects it
+        raise MobileBuildError(f"{path} is not a readable ExecuTorch program: {modeling.first_line(exc)}",
+                               field="targets") from None
+    check_runs_here(path, backends)
+    _set_threads(config)
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(data)
+    method = program.load_method("forward")
+
+    def run(*inputs, _program=program):  # the method uses the program's memory: keep the program alive with it
+        outputs = method.execute([_in_dim_order(x, order) for x, order in zip(inputs, dim_orders)])
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    return run
+
+
+def inspect(path, config):
+    return {"delegation": lower.delegation(path), "bytes": Path(path).stat().st_size}

@@ -1,0 +1,339 @@
+"""lower: the fused eager model as an ExecuTorch program (.pte) for one delegate: XNNPACK (CPU), Vulkan (GPU),
+Core ML or MPS (Apple).
+
+It goes through ExecuTorch's own export recipes (`executorch.export`): torch.export, optional PT2E quantization
+calibrated on the recipe's batches, `to_edge_transform_and_lower` with the delegate's partitioner, then
+serialization. XNNPACK and Core ML take their recipes from ExecuTorch's registry (XNNPackRecipeType.FP32 and
+PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights; CoreMLRecipeType.FP16/FP32 and
+PT2E_INT8_STATIC); Vulkan and MPS have no recipe provider in ExecuTorch 1.3.1, so their recipe is the partitioner
+alone. The example input follows input_config's memory format: a channels_last config gives a program whose input
+is NHWC, as the app will pass it.
+
+Delegate options (`config["options"]`, all optional):
+  coreml:  compute_units     "all" (default) | "cpu_and_gpu" | "cpu_and_ne" | "cpu_only"
+           compute_precision "fp16" (default) | "fp32"          (fp32 lowering only)
+  vulkan:  compute_precision "fp32" (default) | "fp16"          (force_fp16: half-precision textures)
+  mps:     compute_precision "fp16" (default) | "fp32"          (the MPS backend is deprecated upstream)
+  xnnpack: none
+
+`delegation(pte_path)` says how much of a program went to delegates, read from the .pte itself;
+`preflight_delegation(model, input_config, delegate)` lowers in memory and says the same before any build.
+"""
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import uuid
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.executorch_setup import ensure_flatc
+from mobilebuild.stages import modeling, quantize
+
+DELEGATES = ("xnnpack", "vulkan", "coreml", "mps")
+PRECISIONS = ("fp32", "int8")
+INT8_DELEGATES = ("xnnpack", "coreml")
+OPTION_CHOICES = {
+    "xnnpack": {},
+    "coreml": {"compute_units": ("all", "cpu_and_gpu", "cpu_and_ne", "cpu_only"),
+               "compute_precision": ("fp16", "fp32")},
+    "vulkan": {"compute_precision": ("fp32", "fp16")},
+    "mps": {"compute_precision": ("fp16", "fp32")},
+}
+BACKEND_NAMES = {"xnnpack": "XNNPACK", "vulkan": "Vulkan", "coreml": "Core ML", "mps": "MPS"}
+
+
+# --- options and recipes ---------------------------------------------------------------------------------------
+
+def check_options(delegate, precision, options):
+    if delegate not in DELEGATES:
+        raise MobileBuildError(f"unknown ExecuTorch delegate {delegate!r} (one of {', '.join(DELEGATES)})",
+                               field="targets")
+    if precision not in PRECISIONS:
+        raise MobileBuildError(f"unknown precision {precision!r} (one of {', '.join(PRECISIONS)})", field="targets")
+    if precision == "int8" and delegate not in INT8_DELEGATES:
+        raise MobileBuildError(f"int8 lowering is supported for {' and '.join(INT8_DELEGATES)}, not {delegate}; "
+                               "use fp32 (optionally compute_precision: fp16) for it", field="targets")
+    choices = OPTION_CHOICES[delegate]
+    for key, value in (options or {}).items():
+        if key not in choices:
+            known = ", ".join(choices) or "none"
+            raise MobileBuildError(f"{delegate} has no option {key!r} (options: {known})", field="targets")
+        if value not in choices[key]:
+            raise MobileBuildError(f"{delegate} option {key}: {value!r} is not one of {', '.join(choices[key])}",
+                                   field="targets")
+    if precision == "int8" and "compute_precision" in (options or {}):
+        raise MobileBuildError(f"{delegate} option compute_precision applies to fp32 lowering only",
+                               field="targets")
+
+
+def export_recipe(delegate, precision, options):
+    """ExecuTorch's ExportRecipe for the delegate: the registry's where ExecuTorch has one."""
+    from executorch.export import ExportRecipe, LoweringRecipe
+
+    options = options or {}
+    if delegate == "xnnpack":
+        from executorch.backends.xnnpack.recipes import XNNPackRecipeType
+
+        kind = XNNPackRecipeType.FP32 if precision == "fp32" else XNNPackRecipeType.PT2E_INT8_STATIC_PER_CHANNEL
+        return ExportRecipe.get_recipe(kind)
+    if delegate == "coreml":
+        import coremltools as ct
+        from executorch.backends.apple.coreml.recipes import CoreMLRecipeType
+
+        units = {"all": ct.ComputeUnit.ALL, "cpu_and_gpu": ct.ComputeUnit.CPU_AND_GPU,
+                 "cpu_and_ne": ct.ComputeUnit.CPU_AND_NE, "cpu_only": ct.ComputeUnit.CPU_ONLY}
+        if precision == "int8":
+            kind = CoreMLRecipeType.PT2E_INT8_STATIC
+        else:
+            kind = CoreMLRecipeType.FP32 if options.get("compute_precision") == "fp32" else CoreMLRecipeType.FP16
+        return ExportRecipe.get_recipe(kind, compute_unit=units[options.get("compute_units", "all")])
+    if delegate == "vulkan":
+        from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+        fp16 = options.get("compute_precision") == "fp16"
+        partitioner = VulkanPartitioner({"force_fp16": True} if fp16 else None)
+    else:
+        from executorch.backends.apple.mps.partition import MPSPartitioner
+        from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+        fp16 = options.get("compute_precision", "fp16") == "fp16"
+        partitioner = MPSPartitioner([CompileSpec("use_fp16", bytes([fp16]))])
+    return ExportRecipe(name=f"{delegate}_{precision}", lowering_recipe=LoweringRecipe(partitioners=[partitioner]))
+
+
+# --- calibration ---------------------------------------------------------------------------------------------
+
+def calibration_field(calibration):
+    if calibration and calibration.get("source") == "function":
+        return "quantize.calibration.function"
+    return "quantize.calibration"
+
+
+def in_layout(tensor, input_config):
+    if input_config["memory_format"] == "channels_last" and tensor.dim() == 4:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor.contiguous()
+
+
+def calibration_samples(calibration, input_config):
+    """The recipe's calibration batches as ExecuTorch's example inputs (tuples), in the input's layout. The
+    exported program has static shapes, so every batch must have the input's shape."""
+    field = calibration_field(calibration)
+    expected = list(input_config["shape"])
+    samples = []
+    for index, batch in enumerate(quantize.calibration_batches(calibration, input_config)):
+        batch = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        if len(batch) != 1 or not isinstance(batch[0], torch.Tensor) or list(batch[0].shape) != expected:
+            raise MobileBuildError(f"calibration batch {index} is {quantize._shape(batch)}, expected one tensor of "
+                                   f"shape {expected} (the input the program is exported for)", field=field)
+        samples.append((in_layout(batch[0].to(modeling.DTYPES[input_config["dtype"]]), input_config),))
+    if not samples:
+        raise MobileBuildError("calibration produced no batches", field=field)
+    return samples
+
+
+# --- lowering ----------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def quiet():
+    """ExecuTorch, coremltools and torch.export talk a lot (root-logger INFO lines, progress bars, printed
+    graphs, deprecation warnings); users see our one line instead. Failures still raise."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+CONVERSION_DATE = "com.github.apple.coremltools.conversion_date"
+
+
+def _derived_uuid(*parts):
+    digest = hashlib.sha256(b"\0".join(parts)).digest()
+    return uuid.UUID(bytes=digest[:16], version=4)
+
+
+def _mlmodel_digest(mlmodel):
+    digest = hashlib.sha256(mlmodel.get_spec().SerializeToString(deterministic=True))
+    weights = Path(mlmodel.weights_dir) if getattr(mlmodel, "weights_dir", None) else None
+    for file in sorted(weights.rglob("*")) if weights and weights.is_dir() else []:
+        if file.is_file():
+            digest.update(file.relative_to(weights).as_posix().encode() + b"\0" + file.read_bytes())
+    return digest.digest()
+
+
+def _normalize_manifest(package):
+    """An .mlpackage's Manifest.json keys its items by fresh random UUIDs: derive them from the item paths."""
+    manifest_path = Path(package) / "Manifest.json"
+    if not manifest_path.is_file():
+        return
+    manifest = json.loads(manifest_path.read_text())
+    renamed = {old: str(_derived_uuid(b"mlpackage-item", item["path"].encode()))
+               for old, item in manifest.get("itemInfoEntries", {}).items()}
+    manifest["itemInfoEntries"] = {renamed[old]: item for old, item in manifest["itemInfoEntries"].items()}
+    if manifest.get("rootModelIdentifier") in renamed:
+        manifest["rootModelIdentifier"] = renamed[manifest["rootModelIdentifier"]]
+    manifest_path.write_text(json.dumps(manifest, indent=4, sort_keys=True))
+
+
+@contextlib.contextmanager
+def reproducible_coreml(delegate):
+    """Core ML payloads carry a random model identifier (uuid4, ExecuTorch), random .mlpackage item ids and the
+    conversion date (coremltools): two builds of one model would differ. The identifier becomes a digest of the
+    Core ML model's content (the runtime caches compiled models by it, so equal ids must mean equal models), the
+    item ids derive from their paths, and the date is dropped."""
+    if delegate != "coreml":
+        yield
+        return
+    from executorch.backends.apple.coreml.compiler import coreml_preprocess
+
+    backend = coreml_preprocess.CoreMLBackend
+    original = backend.__dict__["preprocess_model"]
+
+    def preprocess_model(mlmodel, model_type):
+        metadata = mlmodel.user_defined_metadata
+        if CONVERSION_DATE in metadata:
+            del metadata[CONVERSION_DATE]
+        identifier = _derived_uuid(b"coreml-model", _mlmodel_digest(mlmodel))
+        save = mlmodel.save
+
+        def save_normalized(path):
+            save(path)
+            _normalize_manifest(path)
+
+        mlmodel.save = save_normalized
+        real_uuid = coreml_preprocess.uuid
+        coreml_preprocess.uuid = type("DerivedUuid", (), {"uuid4": staticmethod(lambda: identifier)})
+        try:
+            return original.__func__(mlmodel, model_type)
+        finally:
+            coreml_preprocess.uuid = real_uuid
+
+    backend.preprocess_model = staticmethod(preprocess_model)
+    try:
+        yield
+    finally:
+        backend.preprocess_model = original
+
+
+EXPORT_ADVICE = ("ExecuTorch needs one static graph: replace Python control flow on tensor values with torch.cond or "
+                 "torch.where, or make it depend on shapes only")
+
+
+def _export_error(exc):
+    return type(exc).__module__.startswith(("torch._dynamo", "torch.export", "torch._export",
+                                            "torch.fx.experimental"))
+
+
+def failure_message(stage_type, delegate, exc):
+    from executorch.export import StageType
+
+    detail = modeling.first_line(exc)
+    if stage_type == StageType.TORCH_EXPORT or (stage_type == StageType.QUANTIZE and _export_error(exc)):
+        return f"torch.export cannot capture the model ({detail}); {EXPORT_ADVICE}"
+    if stage_type == StageType.QUANTIZE:
+        return f"int8 quantization (PT2E) failed: {detail}"
+    if stage_type == StageType.TO_EDGE_TRANSFORM_AND_LOWER:
+        return f"lowering to {BACKEND_NAMES[delegate]} failed: {type(exc).__name__}: {detail}"
+    return f"ExecuTorch could not build the program: {type(exc).__name__}: {detail}"
+
+
+def lower_to_bytes(model, input_config, delegate, precision="fp32", options=None, samples=None):
+    """The .pte bytes of `model` lowered for `delegate`. `samples`: example inputs as tuples, the first one
+    exported, all of them calibrating int8 (default: input_config's example input)."""
+    check_options(delegate, precision, options)
+    ensure_flatc()
+    samples = samples or [(modeling.example_input(input_config),)]
+    with quiet():
+        from executorch.export import ExportSession
+
+        torch.manual_seed(0)
+        session = ExportSession(model=model.eval(), example_inputs=samples,
+                                export_recipe=export_recipe(delegate, precision, options))
+        try:
+            with torch.no_grad(), reproducible_coreml(delegate):
+                session.export()
+        except MobileBuildError:
+            raise
+        except Exception as exc:  # torch.export, quantizers and partitioners raise anything
+            done = session.get_stage_artifacts()
+            failed = next((s for s in session.get_all_registered_stages() if s not in done), None)
+            raise MobileBuildError(failure_message(failed, delegate, exc), field="targets") from None
+        return session.get_pte_buffer()
+
+
+# --- delegation summary ------------------------------------------------------------------------------------------
+
+def _operator_name(operator):
+    return f"{operator.name}.{operator.overload}" if operator.overload else operator.name
+
+
+def delegation_of_bytes(pte_bytes):
+    """Delegate calls per backend id and the operator calls left to portable kernels, read from a .pte's
+    program (all methods): {"delegates": {"XnnpackBackend": 1}, "delegated_calls": 1,
+    "fallback_ops": {"aten::add.out": 2}, "fallback_calls": 2}."""
+    ensure_flatc()  # the serializer reads the program through flatc
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import DelegateCall, KernelCall
+
+    program = deserialize_pte_binary(bytes(pte_bytes)).program
+    delegates, fallback = Counter(), Counter()
+    for plan in program.execution_plan:
+        for chain in plan.chains:
+            for instruction in chain.instructions:
+                call = instruction.instr_args
+                if isinstance(call, DelegateCall):
+                    delegates[plan.delegates[call.delegate_index].id] += 1
+                elif isinstance(call, KernelCall):
+                    fallback[_operator_name(plan.operators[call.op_index])] += 1
+    return {"delegates": dict(sorted(delegates.items())), "delegated_calls": sum(delegates.values()),
+            "fallback_ops": dict(sorted(fallback.items())), "fallback_calls": sum(fallback.values())}
+
+
+def delegation(pte_path):
+    """delegation_of_bytes for a .pte file."""
+    data = Path(pte_path).read_bytes()
+    try:
+        return delegation_of_bytes(data)
+    except Exception as exc:  # flatc or the schema rejects it: not a program this ExecuTorch reads
+        raise MobileBuildError(f"{pte_path} is not a readable ExecuTorch program: {modeling.first_line(exc)}",
+                               field="targets") from None
+
+
+def preflight_delegation(model, input_config, delegate, precision="fp32", options=None):
+    """Lower in memory and summarise, for a check before any build: how much would `delegate` take? Quantization
+    is calibrated on the example input only: which operators get delegated does not depend on the ranges."""
+    return delegation_of_bytes(lower_to_bytes(model, input_config, delegate, precision, options))
+
+
+def undelegated_message(summary, delegate):
+    if summary["delegated_calls"] == 0:
+        return (f"nothing was delegated to {BACKEND_NAMES[delegate]}: all {summary['fallback_calls']} operator "
+                "calls run on ExecuTorch's portable CPU kernels")
+    return None
+
+
+def run(inputs, config, output):
+    delegate, precision = config["delegate"], config.get("precision", "fp32")
+    input_config = config["input"]
+    samples = None
+    if precision == "int8":
+        if not config.get("calibration"):
+            raise MobileBuildError("int8 lowering needs calibration batches", field="quantize.calibration")
+        samples = calibration_samples(config["calibration"], input_config)
+    data = lower_to_bytes(modeling.load_module(inputs["model"]), input_config, delegate, precision,
+                          config.get("options"), samples)
+    with open(output, "wb") as handle:
+        handle.write(data)
+    return undelegated_message(delegation_of_bytes(data), delegate)

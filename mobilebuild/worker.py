@@ -1,0 +1,119 @@
+"""Stages run in a worker process, one per interpreter, kept for the whole doit run.
+
+Why a process of its own: it starts with PYTHONHASHSEED=0, so what TorchScript orders by string hashing comes out
+the same in every build (reproducible.py); a crash in native code (a segfault, a std::terminate) fails one task
+instead of the whole build; and a target may name another interpreter (`toolchain:`, e.g. a torch built with
+Vulkan), which then runs its stages.
+
+The protocol is one JSON line per request and per reply, on the worker's stdin and on a pipe of its own. What a
+stage prints comes back in the reply, and the build prints it as the task's output. This module is imported by the
+task layer and must not import torch: the worker's side (`serve`) imports the stages when it runs.
+"""
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+class WorkerDied(Exception):
+    """The worker process ended while running a stage (killed, or a crash in native code)."""
+
+
+class Worker:
+    def __init__(self, python):
+        self.python = python
+        reply_read, reply_write = os.pipe()
+        env = {**os.environ, "PYTHONHASHSEED": "0",
+               # another interpreter (a toolchain) finds this mobilebuild and the repository's factories
+               "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT, os.getcwd(), os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen([python, "-m", "mobilebuild.worker", str(reply_write)], stdin=subprocess.PIPE,
+                                        # what native code prints, out of the way of doit's reporters on stdout
+                                        stdout=sys.__stderr__.fileno(), env=env, pass_fds=(reply_write,), text=True)
+        os.close(reply_write)
+        self.replies = os.fdopen(reply_read, "r")
+
+    def call(self, request):
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            line = self.replies.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            code = self.process.wait()
+            reason = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+            raise WorkerDied(f"the stage's process ended ({reason})")
+        return json.loads(line)
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.replies.close()
+
+
+_workers = {}
+_owner = None
+
+
+def call(request, python=None):
+    """Run `request` in the worker for `python` (this interpreter by default), starting it on first use, and
+    again after it died."""
+    global _owner
+    if _owner != os.getpid():  # a forked doit process (`doit -n N`) gets workers of its own
+        _workers.clear()
+        _owner = os.getpid()
+    python = python or sys.executable
+    worker = _workers.get(python)
+    if worker is None or worker.process.poll() is not None:
+        worker = _workers[python] = Worker(python)
+    try:
+        return worker.call(request)
+    except WorkerDied:
+        del _workers[python]
+        raise
+
+
+@atexit.register
+def close_all():
+    if _owner == os.getpid():
+        for worker in _workers.values():
+            worker.close()
+        _workers.clear()
+
+
+def serve(reply_fd):
+    """The worker's side: run requests until stdin closes."""
+    from mobilebuild import execute_stage
+
+    _die_with_parent()
+    with os.fdopen(reply_fd, "w") as replies:
+        for line in sys.stdin:
+            reply = execute_stage.handle(json.loads(line))
+            replies.write(json.dumps(reply) + "\n")
+            replies.flush()
+
+
+def _die_with_parent():
+    """A killed build must not leave its worker writing on: Linux delivers SIGKILL when the parent dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

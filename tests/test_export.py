@@ -1,0 +1,259 @@
+"""The export stage (ONNX, fp32 and int8 through ONNX Runtime quantization) and the onnxruntime runtime, on tiny
+models: numerics against eager, reproducible bytes, one-line errors, and the runtime's thread setting."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import tiny_models
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.metrics import sqnr_db
+from mobilebuild.runtimes import onnxruntime as ort_runtime
+from mobilebuild.stages import export, fuse, modeling
+
+REPO = Path(__file__).resolve().parents[1]
+INPUT = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
+FP32_DB = 60.0  # the same function, computed in another order
+INT8_DB = 15.0  # int8 activations and weights
+
+
+class ConvBnReluLinear(nn.Module):
+    """Conv-BN-ReLU twice, then a classifier, between quantization stubs (identities in a float model)."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.head = nn.Linear(16 * 12 * 12, 10)
+        self.dequant = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x):
+        return self.dequant(self.head(torch.flatten(self.features(self.quant(x)), 1)))
+
+
+class Residual(nn.Module):
+    """A residual add (skip connection), global pooling and a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(x + self.body(x))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+class DataDependent(nn.Module):
+    """Control flow on a tensor's value: torch.export refuses it (the TorchScript exporter would record one branch)."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+class NoTranslation(nn.Module):
+    """An operation with no ONNX translation."""
+
+    def forward(self, x):
+        return torch.kthvalue(x.flatten(1), 3).values
+
+
+def make(factory, seed=0):
+    torch.manual_seed(seed)
+    return tiny_models.randomize_batchnorm(factory(), seed=seed)
+
+
+MODELS = {"conv_bn_relu_linear": ConvBnReluLinear, "residual": Residual}
+
+
+def config(precision, calibration=CALIBRATION, weights=None, opset=None):
+    return {"precision": precision, "calibration": calibration, "weights": weights, "input": INPUT,
+            "options": {"opset": opset}}
+
+
+def fused_file(model, folder):
+    path = Path(folder) / "fused.pt"
+    fused, _ = fuse.fuse(model, "auto")
+    modeling.save_module(fused, path)
+    return path
+
+
+def export_to(fused, folder, **settings):
+    output = Path(folder) / f"{settings.get('precision', 'fp32')}.onnx"
+    export.run({"model": fused}, config(**{"precision": "fp32", **settings}), output)
+    return output
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def exported(request, tmp_path_factory):
+    """One model's eager outputs and its fp32 and int8 exports (exporting is the slow part)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    model = make(MODELS[request.param])
+    x = modeling.example_input(INPUT, seed=100)  # not one of the calibration batches
+    with torch.no_grad():
+        reference = model(x)
+    fused = fused_file(model, folder)
+    return {"x": x, "reference": reference, "fused": fused, "folder": folder,
+            "fp32": export_to(fused, folder, precision="fp32"), "int8": export_to(fused, folder, precision="int8")}
+
+
+def run_onnx(path, x, threads=1):
+    return ort_runtime.load(path, {"timing": {"threads": threads}})(x)
+
+
+def test_fp32_export_matches_the_eager_model(exported):
+    assert sqnr_db(exported["reference"], run_onnx(exported["fp32"], exported["x"])) > FP32_DB
+    facts = ort_runtime.inspect(exported["fp32"], {})
+    assert facts["quantized_nodes"] == 0
+    assert facts["inputs"] == [{"name": "input", "shape": INPUT["shape"], "dtype": "float32"}]
+    assert facts["outputs"] == [{"name": "output", "shape": [1, 10], "dtype": "float32"}]
+    assert "BatchNormalization" not in facts["op_types"]
+
+
+def test_int8_export_is_quantized_smaller_and_close_to_the_eager_model(exported):
+    output = run_onnx(exported["int8"], exported["x"])
+    assert INT8_DB < sqnr_db(exported["reference"], output) < FP32_DB  # close, yet really int8
+    assert exported["int8"].stat().st_size < exported["fp32"].stat().st_size
+    facts = ort_runtime.inspect(exported["int8"], {})
+    compute = sum(facts["op_types"].get(op, 0) for op in ("Conv", "Gemm"))
+    assert facts["int8_compute_nodes"] >= compute > 0
+    assert facts["qdq_nodes"] > 0
+
+
+def test_per_tensor_weights_quantize_each_weight_with_one_scale(exported, tmp_path):
+    per_tensor = export_to(exported["fused"], tmp_path, precision="int8", weights="per_tensor")
+    assert sqnr_db(exported["reference"], run_onnx(per_tensor, exported["x"])) > INT8_DB
+
+    def weight_scales(path):
+        model = onnx.load(str(path))
+        sizes = {t.name: int(torch.tensor(t.dims).prod()) for t in model.graph.initializer}
+        dequantized = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+        return [sizes[n.input[1]] for n in dequantized if n.input[0].endswith("weight_quantized")]
+
+    assert set(weight_scales(per_tensor)) == {1}
+    assert max(weight_scales(exported["int8"])) > 1  # per channel by default
+
+
+def test_exports_are_byte_identical_from_run_to_run(exported, tmp_path):
+    assert export_to(exported["fused"], tmp_path, precision="fp32").read_bytes() == exported["fp32"].read_bytes()
+    assert export_to(exported["fused"], tmp_path, precision="int8").read_bytes() == exported["int8"].read_bytes()
+
+
+def test_the_exporter_embeds_source_paths_that_the_stage_strips(tmp_path):
+    """What makes the checkouts test below meaningful: torch.onnx.export records stack traces."""
+    model, _ = fuse.fuse(make(ConvBnReluLinear), "auto")
+    raw = torch.onnx.export(model, (modeling.example_input(INPUT),), dynamo=True, verbose=False).model_proto
+    here = str(Path(__file__).resolve()).encode()
+    assert here in raw.SerializeToString()
+    assert here not in export.reproducible(raw).SerializeToString()
+
+
+CHECKOUT_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    import mobilebuild
+    assert Path(mobilebuild.__file__).resolve().is_relative_to(Path.cwd().resolve()), mobilebuild.__file__
+    import test_export
+    from test_export import fused_file, export_to, make
+
+    fused = fused_file(make(test_export.ConvBnReluLinear), ".")
+    for precision in ("fp32", "int8"):
+        export_to(fused, ".", precision=precision)
+""")
+
+
+def test_exports_are_byte_identical_across_checkouts(tmp_path):
+    """Two copies of the code (package, model source) at different absolute paths, run from their own folders."""
+    runs = []
+    for checkout in (tmp_path / "a", tmp_path / "elsewhere" / "checkout-b"):
+        shutil.copytree(REPO / "mobilebuild", checkout / "mobilebuild", ignore=shutil.ignore_patterns("__pycache__"))
+        for module in ("test_export.py", "tiny_models.py"):
+            shutil.copy(REPO / "tests" / module, checkout / module)
+        env = {**os.environ, "PYTHONPATH": str(checkout)}
+        runs.append((checkout, subprocess.Popen([sys.executable, "-c", CHECKOUT_SCRIPT], cwd=checkout, env=env,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for checkout, process in runs:
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, output
+    (a, _), (b, _) = runs
+    for precision in ("fp32", "int8"):
+        assert (a / f"{precision}.onnx").read_bytes() == (b / f"{precision}.onnx").read_bytes(), precision
+
+
+@pytest.mark.parametrize("model, expected", [
+    (DataDependent, r"torch\.export cannot capture the model .* at test_export\.py:\d+ `if x\.sum\(\) > 0:`"),
+    (NoTranslation, r"no ONNX translation for aten\.kthvalue"),
+])
+def test_an_unexportable_model_is_one_line_naming_the_target(model, expected, tmp_path):
+    with pytest.raises(MobileBuildError, match=expected) as caught:
+        export_to(fused_file(model(), tmp_path), tmp_path)
+    assert caught.value.field == "targets"
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "fp32.onnx").exists()
+
+
+def test_the_opset_option_is_honoured_and_checked(tmp_path):
+    fused = fused_file(make(ConvBnReluLinear), tmp_path)
+    assert ort_runtime.inspect(export_to(fused, tmp_path, opset=18), {})["opset"] == 18
+    with pytest.raises(MobileBuildError, match=r"opset 13 is out of range") as caught:
+        export_to(fused, tmp_path, opset=13)
+    assert caught.value.field == "targets.onnx.opset"
+
+
+def wrong_shape_batches():
+    """A recipe calibration function (named as test_export:wrong_shape_batches) yielding the wrong input shape."""
+    yield torch.randn(1, 3, 8, 8)
+
+
+@pytest.mark.parametrize("calibration, message, field", [
+    (None, r"needs calibration batches", "quantize.calibration"),
+    ({"source": "function", "function": "test_export:wrong_shape_batches", "kwargs": {}, "batches": 2},
+     r"a calibration batch has shape \[1, 3, 8, 8\]; the exported model takes one input of shape \[1, 3, 16, 16\]",
+     "quantize.calibration.function"),
+])
+def test_bad_calibration_is_the_calibration_settings_fault(calibration, message, field, tmp_path):
+    with pytest.raises(MobileBuildError, match=message) as caught:
+        export_to(fused_file(make(ConvBnReluLinear), tmp_path), tmp_path, precision="int8", calibration=calibration)
+    assert caught.value.field == field
+
+
+def os_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through Linux's /proc")
+def test_the_runtime_runs_with_the_thread_count_asked_for(exported):
+    for threads, extra_os_threads in ((1, 0), (3, 2)):  # ONNX Runtime's pool: the caller's thread and n-1 workers
+        before = os_threads()
+        model = ort_runtime.load(exported["fp32"], {"timing": {"threads": threads}})
+        assert os_threads() - before == extra_os_threads
+        assert model.session.get_session_options().intra_op_num_threads == threads
+        assert sqnr_db(exported["reference"], model(exported["x"])) > FP32_DB
+        del model
+    default = ort_runtime.load(exported["fp32"], {})
+    assert default.session.get_session_options().intra_op_num_threads == 1
+
+
+def test_the_runtime_reports_a_file_it_cannot_load_as_the_targets_problem(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not an onnx model")
+    with pytest.raises(MobileBuildError, match=r"ONNX Runtime .* cannot load") as caught:
+        ort_runtime.load(broken, {})
+    assert caught.value.field == "targets"
+    assert "\n" not in str(caught.value)
