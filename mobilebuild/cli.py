@@ -3,9 +3,22 @@
     mobilebuild build [--no-cache] [TASK...]
                                          build, verify, benchmark and report (or the named tasks); doit options pass;
                                          --no-cache neither reads nor fills the shared artifact cache
+    mobilebuild build --dask ADDRESS|local [-n N] [TASK...]
+                                         the same build with the stages run on Dask workers (a scheduler's address,
+                                         or `local`: a LocalCluster of one worker process per core); files move
+                                         through the shared artifact cache, which every worker must reach
+    mobilebuild release [--out DIR] [--recipe NAME]... [--target ID]... [--allow-failed]
+                                         copy the built, verified artifacts into DIR (default release/) with
+                                         release.json: sha256, bytes, stage chain, toolchain, verification, timings
+    mobilebuild verify-release DIR [--keep-scratch] [--scratch DIR]
+                                         rebuild from the recipes in a scratch folder; exit 1 listing each file that
+                                         differs from the release
     mobilebuild cache stats|clear|prune --max-size SIZE
                                          the shared artifact cache ($MOBILEBUILD_CACHE, default ~/.cache/mobilebuild)
     mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
+    mobilebuild check RECIPE [--json] [--target ID]
+                                         before any build: what each target cannot take of the model, and the
+                                         architecture advice that applies (exit 0 fine, 1 blocked, 2 bad recipe)
     mobilebuild bench [--baseline FILE] [--save-baseline FILE] [--tolerance 0.10]
                                          benchmark every artifact; compare with, or save, a baseline of medians
     mobilebuild report                   rewrite artifacts/report.{md,html} from existing results
@@ -18,7 +31,7 @@ import os
 import sys
 from pathlib import Path
 
-from mobilebuild import baseline, commands, graph, recipe
+from mobilebuild import baseline, commands, distributed, graph, recipe, release
 from mobilebuild.errors import RecipeErrors
 
 
@@ -100,20 +113,55 @@ def cache_command(args):
     return 0
 
 
+def build_on_dask(address, args):
+    """doit in threads, one per Dask worker thread, each handing its node to the cluster (distributed.py)."""
+    from distributed import Client, LocalCluster
+
+    cluster = None
+    if address == "local":
+        cluster = LocalCluster(n_workers=os.cpu_count(), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        address = cluster.scheduler_address
+    os.environ[distributed.ADDRESS_VARIABLE] = address
+    try:
+        with Client(address) as client:
+            slots = sum(client.nthreads().values())
+        rest = args[1:] if args[:1] == ["build"] else args
+        if not {"-n", "--process"} & set(rest):
+            rest = ["-n", str(max(slots, 1)), *rest]
+        return run_doit(["run", "-P", "thread", *rest])  # no task named: doit runs the default, build
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"], ["help"]) and len(args) == 1:
         print(__doc__.strip())
         return 0
+    if args[:1] == ["check"]:
+        from mobilebuild.check import check_command  # imports torch: only for this command
+
+        return check_command(args[1:])
     if args[:1] == ["validate"]:
         return validate(args[1:])
     if args[:1] == ["bench"]:
         return bench(args[1:])
+    if args[:1] == ["release"]:
+        return release.release_command(args[1:])
+    if args[:1] == ["verify-release"]:
+        return release.verify_release_command(args[1:])
     if args[:1] == ["cache"]:
         return cache_command(args[1:])
     if "--no-cache" in args:
         args.remove("--no-cache")
         os.environ["MOBILEBUILD_CACHE"] = "off"  # the workers, Dask's too, inherit it
+    if "--dask" in args[:-1]:
+        at = args.index("--dask")
+        address = args[at + 1]
+        del args[at:at + 2]
+        return build_on_dask(address, args)
     if args[:1] == ["build"]:
         return run_doit(["run", *args[1:]] if len(args) > 1 else ["run", "build"])
     return run_doit(args)

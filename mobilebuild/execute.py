@@ -15,7 +15,7 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from mobilebuild import graph, store, worker
+from mobilebuild import distributed, graph, store, worker
 from mobilebuild.errors import MobileBuildError
 
 # Stages without tensors run in the build's own process; the others in a worker (worker.py).
@@ -34,11 +34,15 @@ def run_node(node):
         if found is not None:
             print(f"   {node.output} (from the cache)", flush=True)
             return _result(node, found.get("verdict"))
+    remote = distributed.address() is not None and node.stage not in IN_PROCESS
     try:
-        with store.atomic_output(node.output) as tmp:
-            # A stage returns a message when what it wrote is a bad result rather than a broken input
-            # (a verification below threshold): the file is kept, and the task still fails.
-            verdict = _run_stage(node, tmp)
+        if remote:
+            verdict = _build_remotely(node, shared, key)
+        else:
+            with store.atomic_output(node.output) as tmp:
+                # A stage returns a message when what it wrote is a bad result rather than a broken input
+                # (a verification below threshold): the file is kept, and the task still fails.
+                verdict = _run_stage(node, tmp)
     except MobileBuildError as exc:
         exc.field = recipe_field(exc.field, node.fields)
         return TaskFailed(str(exc.located(node.recipe_file)))
@@ -48,7 +52,7 @@ def run_node(node):
         return TaskFailed(f"{node.recipe_file}: {node.task_name}: {exc}; nothing was written")
     size = os.path.getsize(node.output)
     print(f"   {node.output} ({size / 1e6:.2f} MB, {time.perf_counter() - started:.1f} s)", flush=True)
-    if key is not None:
+    if key is not None and not remote:  # a Dask worker has stored it
         with contextlib.suppress(OSError):  # an unwritable cache costs the next build time, never this one
             shared.store(key, {"artifact": Path(node.output)}, {"verdict": verdict})
     return _result(node, verdict)
@@ -89,6 +93,23 @@ def _run_stage(node, output):
         return module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, output)
     reply = worker.call({"stage": node.stage, "inputs": node.inputs, "config": node.config,
                          "output": str(output), "root": os.getcwd()}, python=node.interpreter)
+    return _verdict(node, reply)
+
+
+def _build_remotely(node, shared, key):
+    """The node on a Dask worker (distributed.py); its output comes back through the shared cache."""
+    if key is None:
+        raise MobileBuildError("a build on Dask moves files through the shared artifact cache, which is off "
+                               "(MOBILEBUILD_CACHE): point it at storage every worker can reach")
+    reply = distributed.run_remote(node, shared, key, python=node.interpreter)
+    verdict = _verdict(node, reply)
+    if shared.fetch(key, {"artifact": Path(node.output)}) is None:
+        raise RuntimeError(f"{node.task_name}: built on a Dask worker but not found in the cache {shared.location}")
+    return verdict
+
+
+def _verdict(node, reply):
+    """A stage worker's reply as the stage's verdict, or the exception a local stage would have raised."""
     sys.stdout.write(reply["printed"])
     if "error" in reply:
         raise MobileBuildError(**reply["error"])

@@ -4,6 +4,7 @@ data: the build turns it into a task result (execute.py)."""
 import contextlib
 import importlib
 import io
+import os
 import sys
 import traceback
 import warnings
@@ -17,12 +18,33 @@ _QUIET = [(FutureWarning, r"torch(\..*)?"), (DeprecationWarning, r"torch(\..*)?"
           (UserWarning, r"torch\._utils")]
 
 
+_current_root = None
+
+
+def enter_root(root):
+    """Work in `root`, the repository (or a Dask worker's scratch copy of it): relative paths resolve there and
+    recipe factories import from there. Modules imported from an earlier root are dropped, so that a long-lived
+    worker never runs a stale copy of a factory."""
+    global _current_root
+    if root == _current_root:
+        return
+    if _current_root is not None:
+        previous = os.path.join(_current_root, "")
+        for name, module in list(sys.modules.items()):
+            if (getattr(module, "__file__", None) or "").startswith(previous):
+                del sys.modules[name]
+        with contextlib.suppress(ValueError):
+            sys.path.remove(_current_root)
+    os.chdir(root)
+    sys.path.insert(0, root)
+    _current_root = root
+
+
 def run_stage(stage, inputs, config, output, root):
     """Run one stage function; return its verdict (None, or a message for a bad result it still wrote)."""
     from mobilebuild import reproducible  # torch
 
-    if root not in sys.path:
-        sys.path.insert(0, root)  # recipe factories name modules of the repository
+    enter_root(root)
     with warnings.catch_warnings(), reproducible.jit_session():
         for category, module in _QUIET:
             warnings.filterwarnings("ignore", category=category, module=module)

@@ -10,6 +10,7 @@ is installed. A FLATC_EXECUTABLE the user set is left alone.
 No torch or executorch import here: finding the file costs nothing, so any entry point can call this early.
 """
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -40,9 +41,7 @@ def ensure_flatc():
     if flatc is None:
         return None
     if not os.access(flatc, os.X_OK):  # a wheel unpacked without its mode bits
-        try:
+        with contextlib.suppress(OSError):  # then executorch's own error says what is wrong
             flatc.chmod(flatc.stat().st_mode | 0o111)
-        except OSError:
-            pass
     os.environ[FLATC_VARIABLE] = str(flatc)
     return str(flatc)

@@ -145,7 +145,7 @@ def recipe_nodes(recipe, root):
         if target.prune:
             pruned = Node("prune", recipe.name + weights_tag, config={"model": source, "prune": target.prune},
                           inputs={"checkpoint": checkpoint.output}, output=f"{out}/pruned{weights_tag}.pt",
-                          fields=fields if own_weights else {}, **common)
+                          files=source_files, fields=fields if own_weights else {}, **common)
             nodes.append(pruned)
             weights_in = {"checkpoint": pruned.output}
         fused = Node("fuse", recipe.name + weights_tag,
@@ -157,7 +157,7 @@ def recipe_nodes(recipe, root):
         quantization = None
         if precision == "int8" and route.quantizer == "eager":
             try:
-                quantized = _quantize_node(recipe, target, route, fused, checkpoint, root, own_quantization,
+                quantized = _quantize_node(recipe, target, route, fused, source_files, root, own_quantization,
                                            fields if own_quantization else {})
             except MobileBuildError as exc:
                 problems.append(exc)
@@ -168,7 +168,7 @@ def recipe_nodes(recipe, root):
             quantization = {"mode": target.quantize["mode"], "weights": target.quantize.get("weights")}
         try:
             final, made = _final_nodes(recipe, target, route, precision, model_inputs, quantization, own_quantization,
-                                       fields, root)
+                                       fields, root, source_files)
         except MobileBuildError as exc:
             problems.append(exc)
             continue
@@ -211,8 +211,10 @@ def recipe_nodes(recipe, root):
     return artifacts + results + [manifest]
 
 
-def _final_nodes(recipe, target, route, precision, model_inputs, quantization, own_quantization, fields, root):
-    """The node that writes the shipped artifact, and the TorchScript node before it where the route has one."""
+def _final_nodes(recipe, target, route, precision, model_inputs, quantization, own_quantization, fields, root,
+                 source_files):
+    """The node that writes the shipped artifact, and the TorchScript node before it where the route has one.
+    Nodes that read the pickled fused model list the factory's source among their files: unpickling imports it."""
     out = out_dir(recipe)
     common = {"recipe": recipe.name, "recipe_file": recipe.file, "fields": fields,
               "describes": {"backend": route.backend, "runtime": route.runtime, "target": target.id}}
@@ -225,14 +227,14 @@ def _final_nodes(recipe, target, route, precision, model_inputs, quantization, o
                         config={"mode": recipe.script, "precision": precision, "engine": route.engine,
                                 "quantization": quantization, "input": recipe.input},
                         inputs=model_inputs, output=f"{out}/scripted-{script_name.removeprefix(recipe.name + '-')}.pt",
-                        recipe=recipe.name, recipe_file=recipe.file)
+                        files=source_files, recipe=recipe.name, recipe_file=recipe.file)
         final = Node("optimize", name,
                      config={"backend": route.backend, "engine": route.engine if precision == "int8" else None,
                              "options": target.optimize, "script_mode": recipe.script, "input": recipe.input},
                      inputs={"scripted": scripted.output}, output=output, interpreter=interpreter, **common)
         return final, [scripted]
     config = {"precision": precision, "input": recipe.input}
-    files = ()
+    files = source_files
     if route.final_stage == "nnapi":
         config.update(mode=target.nnapi["mode"], engine=route.engine, quantization=quantization,
                       options={"bundled_inputs": target.optimize["bundled_inputs"]})
@@ -243,8 +245,8 @@ def _final_nodes(recipe, target, route, precision, model_inputs, quantization, o
                                        f"expected mode 'static', got {target.quantize['mode']!r}",
                                        file=recipe.file, field=fields.get("quantize.mode", "quantize.mode"))
             config.update(calibration=target.quantize["calibration"], weights=target.quantize.get("weights"))
-            files = _calibration_files(recipe, target.quantize, fields.get("quantize.calibration",
-                                                                           "quantize.calibration"), root)
+            files += _calibration_files(recipe, target.quantize, fields.get("quantize.calibration",
+                                                                            "quantize.calibration"), root)
         if route.final_stage == "lower":
             options = dict(target.executorch)
             config.update(delegate=options.pop("delegate", route.delegate), options=options)
@@ -267,7 +269,7 @@ def _own_fields(recipe, target):
     return fields
 
 
-def _quantize_node(recipe, target, route, fused, checkpoint, root, own, fields):
+def _quantize_node(recipe, target, route, fused, source_files, root, own, fields):
     settings = target.quantize
     config = {"engine": route.engine, "mode": settings["mode"], "weights": settings.get("weights"),
               "input": recipe.input, "model": _model_source(recipe.model), "fuse": recipe.fuse}
@@ -279,7 +281,8 @@ def _quantize_node(recipe, target, route, fused, checkpoint, root, own, fields):
         inputs["trained"] = settings["checkpoint"]
     name = f"{recipe.name}-{target.id}" if own else f"{recipe.name}-{route.engine}"
     return Node("quantize", name, config=config, inputs=inputs,
-                output=f"{out_dir(recipe)}/quantized-{name.removeprefix(recipe.name + '-')}.pt", files=files,
+                output=f"{out_dir(recipe)}/quantized-{name.removeprefix(recipe.name + '-')}.pt",
+                files=source_files + files,
                 fields=fields, recipe=recipe.name, recipe_file=recipe.file)
 
 

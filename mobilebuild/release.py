@@ -71,8 +71,8 @@ def collect(root, out_dir, recipes=None, targets=None, allow_failed=False):
     or lacks verification."""
     root = Path(root)
     out_dir = Path(out_dir)
-    nodes = _project_nodes(root)
-    chosen = _select(root, nodes, recipes, targets)
+    _check_destination(out_dir)
+    chosen = _select(root, _project_nodes(root), recipes, targets)
     staging = _staging_dir(out_dir)
     try:
         files = {}
@@ -99,8 +99,8 @@ def _project_nodes(root):
 
 
 def _select(root, nodes, recipes, targets):
-    """[(the recipe's nodes, its manifest, one of its manifest targets)] for the selection, after checking that the
-    manifest is current."""
+    """[(the recipe's nodes, its manifest, one of its manifest targets)] for the selection; the manifests of the
+    recipes that have a selected target are checked to be current."""
     unknown = sorted(set(recipes or ()) - set(nodes))
     if unknown:
         raise MobileBuildError(f"no recipe named {unknown[0]!r} (recipes: {', '.join(sorted(nodes))})")
@@ -108,13 +108,15 @@ def _select(root, nodes, recipes, targets):
     for name, recipe_nodes in nodes.items():
         if recipes and name not in recipes:
             continue
-        manifest = _current_manifest(root, recipe_nodes)
-        for target in manifest["targets"]:
-            names = {target["target"], f"{name}-{target['target']}"}
-            if targets and not names & set(targets):
-                continue
-            matched |= names
-            chosen.append((recipe_nodes, manifest, target))
+        manifest_node = next(n for n in recipe_nodes if n.stage == "manifest")
+        wanted = [t["target"] for t in manifest_node.config["targets"]
+                  if not targets or {t["target"], f"{name}-{t['target']}"} & set(targets)]
+        if not wanted:
+            continue
+        matched |= {*wanted, *(f"{name}-{target}" for target in wanted)}
+        manifest = _current_manifest(root, manifest_node)
+        by_id = {target["target"]: target for target in manifest["targets"]}
+        chosen += [(recipe_nodes, manifest, by_id[target]) for target in wanted]
     missing = sorted(set(targets or ()) - matched)
     if missing:
         raise MobileBuildError(f"no target {missing[0]!r} in the selected recipes")
@@ -123,9 +125,9 @@ def _select(root, nodes, recipes, targets):
     return chosen
 
 
-def _current_manifest(root, recipe_nodes):
-    """The recipe's manifest, refused unless it describes the recipe and toolchain as they are now."""
-    node = next(n for n in recipe_nodes if n.stage == "manifest")
+def _current_manifest(root, node):
+    """The recipe's manifest, refused unless it describes the recipe, its targets and the toolchain as they are
+    now."""
     path = root / node.output
     try:
         manifest = json.loads(path.read_text())
@@ -148,7 +150,12 @@ def _current_manifest(root, recipe_nodes):
 def _toolchain_change(recorded):
     now = toolchain.versions()
     changed = sorted(key for key in set(now) | set(recorded) if now.get(key) != recorded.get(key))
-    return ", ".join(f"{key} {recorded.get(key)} -> {now.get(key)}" for key in changed)
+    return ", ".join(f"{key} {_short(recorded.get(key))} -> {_short(now.get(key))}" for key in changed)
+
+
+def _short(value):
+    """A digest cut to 12 digits, so that a changed toolchain still reads as one line."""
+    return value[:12] if isinstance(value, str) and len(value) == 64 else value
 
 
 def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
@@ -184,7 +191,8 @@ def _check_verification(name, target_id, status, manifest, allow_failed):
     if allow_failed or status not in ("failed", "not verified"):
         return
     if status == "failed":
-        failures = "; ".join(manifest["verification"][target_id].get("failures") or []) or "see its verify result"
+        result = manifest.get("verification", {}).get(target_id, {})
+        failures = "; ".join(result.get("failures") or []) or "see its verify result"
         raise MobileBuildError(f"{name}-{target_id}: verification failed ({failures}); fix it, or pass "
                                "--allow-failed to release it anyway")
     raise MobileBuildError(f"{name}-{target_id}: not verified: {RUN_DOIT_FIRST} (or pass --allow-failed)")
@@ -229,10 +237,14 @@ def _summary(result, keys):
     return {key: result[key] for key in keys if key in result}
 
 
-def _staging_dir(out_dir):
-    """An empty folder beside `out_dir`, readable like any folder the user makes (mkdtemp's is private)."""
+def _check_destination(out_dir):
+    """A release replaces an earlier release whole: never a folder of something else."""
     if out_dir.exists() and not _is_release(out_dir):
         raise MobileBuildError(f"{out_dir} exists and is not a release (no {RELEASE_FILE}); choose another --out")
+
+
+def _staging_dir(out_dir):
+    """An empty folder beside `out_dir`, readable like any folder the user makes (mkdtemp's is private)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}{store.TEMP_MARKER}", dir=out_dir.parent))
     mask = os.umask(0)
@@ -264,7 +276,7 @@ def _publish(staging, out_dir):
 # -- verify -------------------------------------------------------------------------------------------------------
 
 
-def verify(root, release_dir, scratch=None, keep_scratch=False, python=None):
+def verify(root, release_dir, scratch=None, keep_scratch=False):
     """Check a release: its files against release.json, then a build of the repository's sources in a scratch
     folder (`scratch`, which must not exist yet, or a new temporary one) against release.json. Returns the
     differences, empty when the release is intact and rebuilds byte for byte. Progress goes to stderr; the scratch
@@ -280,7 +292,7 @@ def verify(root, release_dir, scratch=None, keep_scratch=False, python=None):
             (scratch / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(root / relative, scratch / relative)
         _warn_about_changes(scratch, files)
-        _build(scratch, sorted({entry["chain"][-1]["task"] for entry in files.values()}), python)
+        _build(scratch, sorted({entry["chain"][-1]["task"] for entry in files.values()}))
         _progress(f"comparing {len(files)} files with {RELEASE_FILE}")
         for path, entry in sorted(files.items()):
             rebuilt = scratch / graph.ARTIFACTS_DIR / path
@@ -340,9 +352,11 @@ def repository_files(root, exclude=()):
                                 capture_output=True, check=True).stdout.decode().split("\0")
     except (OSError, subprocess.CalledProcessError):
         listed = [p.relative_to(root).as_posix() for p in _walk(root)]
+    paths = [PurePosixPath(path) for path in listed if path]
+    environments = {path.parent for path in paths if path.name == "pyvenv.cfg"}
     excluded = [Path(folder).resolve() for folder in exclude]
-    return sorted(path for path in filter(None, listed)
-                  if not _is_state(PurePosixPath(path)) and (root / path).is_file()
+    return sorted(path.as_posix() for path in paths
+                  if not _is_state(path) and not environments & set(path.parents) and (root / path).is_file()
                   and not any((root / path).resolve().is_relative_to(folder) for folder in excluded))
 
 
@@ -375,11 +389,11 @@ def _warn_about_changes(scratch, files):
         _progress(f"warning: the toolchain changed since the release ({_toolchain_change(recorded)})")
 
 
-def _build(scratch, tasks, python):
+def _build(scratch, tasks):
     """Build `tasks` in the scratch copy, from nothing: no doit state, the shared cache off."""
     _progress(f"building {len(tasks)} artifacts from scratch: doit {' '.join(tasks)}")
     env = {**os.environ, "MOBILEBUILD_CACHE": "off"}
-    result = subprocess.run([python or sys.executable, "-m", "doit", *tasks], cwd=scratch, env=env, check=False,
+    result = subprocess.run([sys.executable, "-m", "doit", *tasks], cwd=scratch, env=env, check=False,
                             capture_output=True, text=True)
     if result.returncode != 0:
         tail = (result.stdout + result.stderr).strip().splitlines()[-10:]
@@ -443,6 +457,13 @@ def verify_release_command(argv, root="."):
     count = len(read_release(options.release)["files"])
     print(f"{options.release}: {count} files intact and rebuilt byte for byte")
     return 0
+
+
+def remove(out_dir=DEFAULT_OUT):
+    """`doit clean release`: delete the release folder, and nothing that is not a release."""
+    out_dir = Path(out_dir)
+    if out_dir.is_dir() and _is_release(out_dir):
+        shutil.rmtree(out_dir)
 
 
 def task_action(out_dir=DEFAULT_OUT):

@@ -30,9 +30,10 @@ ALIGNMENT = 64  # torch's writer aligns stored records so that tensors can be me
 
 
 def machine_prefixes(root):
-    """The absolute folders a source path may start with, longest first: the repository, site-packages, the
-    interpreter's prefix."""
-    bases = [root, *site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
+    """The absolute folders a source path may start with, longest first: the repository, mobilebuild's own
+    installation, site-packages, the interpreter's prefix."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mobilebuild's own frames
+    bases = [root, package_parent, *site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix]
     return sorted({os.path.join(os.path.abspath(b), "") for b in bases if b}, key=len, reverse=True)
 
 

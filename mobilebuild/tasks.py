@@ -9,14 +9,14 @@ from doit.dependency import MD5Checker
 from doit.exceptions import InvalidDodoFile
 from doit.tools import config_changed
 
-from mobilebuild import graph, recipe, store
+from mobilebuild import graph, recipe, release, store
 from mobilebuild.errors import RecipeErrors
 from mobilebuild.execute import clean_output, clean_plots, run_node, write_report
 from mobilebuild.reporter import Reporter
 
 __all__ = ["DOIT_CONFIG", "task_train", "task_checkpoint", "task_prune", "task_fuse", "task_quantize", "task_script",
            "task_optimize", "task_nnapi", "task_lower", "task_export", "task_verify", "task_bench", "task_manifest",
-           "task_render_report", "task_benchmark", "task_build"]
+           "task_render_report", "task_release", "task_benchmark", "task_build"]
 
 
 
@@ -166,6 +166,14 @@ def task_render_report():
         "targets": REPORT_TARGETS,
         "clean": [(clean_output, [path]) for path in REPORT_TARGETS] + [(clean_plots, [])],
     }
+
+
+def task_release():
+    """Copy every built, verified artifact into release/ with release.json, after the build (`mobilebuild release`
+    selects recipes and targets)."""
+    manifests = [n.output for n in project_nodes(os.getcwd()) if n.stage == "manifest"]
+    return {"actions": [(release.task_action, [])], "task_dep": ["build"], "uptodate": [ObservedFiles(manifests)],
+            "targets": [f"{release.DEFAULT_OUT}/{release.RELEASE_FILE}"], "clean": [(release.remove, [])]}
 
 
 def task_benchmark():

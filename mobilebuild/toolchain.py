@@ -69,7 +69,9 @@ def stage_code_digest():
     changes, not only on releases."""
     package = Path(__file__).parent
     digest = hashlib.sha256()
-    shaping = ["manifest.py", "reproducible.py", "execute_stage.py", "executorch_setup.py", "metrics.py", "timing.py"]
+    # worker.py and execute_stage.py too: their frames sit in a traced model's debug info
+    shaping = ["manifest.py", "reproducible.py", "execute_stage.py", "worker.py", "executorch_setup.py", "metrics.py",
+               "timing.py"]
     for source in sorted([*package.glob("stages/*.py"), *package.glob("runtimes/*.py"),
                           *(package / name for name in shaping)]):
         if source.is_file():

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -67,26 +68,26 @@ _owner = None
 
 def call(request, python=None):
     """Run `request` in the worker for `python` (this interpreter by default), starting it on first use, and
-    again after it died."""
+    again after it died. Each thread has workers of its own (`doit -P thread`, Dask worker threads)."""
     global _owner
     if _owner != os.getpid():  # a forked doit process (`doit -n N`) gets workers of its own
         _workers.clear()
         _owner = os.getpid()
-    python = python or sys.executable
-    worker = _workers.get(python)
+    slot = (python or sys.executable, threading.get_ident())
+    worker = _workers.get(slot)
     if worker is None or worker.process.poll() is not None:
-        worker = _workers[python] = Worker(python)
+        worker = _workers[slot] = Worker(slot[0])
     try:
         return worker.call(request)
     except WorkerDied:
-        del _workers[python]
+        del _workers[slot]
         raise
 
 
 @atexit.register
 def close_all():
     if _owner == os.getpid():
-        for worker in _workers.values():
+        for worker in list(_workers.values()):
             worker.close()
         _workers.clear()
 

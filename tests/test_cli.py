@@ -36,10 +36,10 @@ def test_validate_reports_each_problem_in_one_line_without_a_traceback(project):
 
 
 def test_validate_reports_unbuildable_targets(project):
-    project.write_recipe({**tiny_recipe(), "targets": [{"backend": "vulkan"}]})
+    project.write_recipe({**tiny_recipe(), "targets": [{"backend": "nnapi", "runtime": "executorch"}]})
     result = mobilebuild(project, "validate")
     assert result.returncode == 1
-    assert result.stderr.startswith("recipes/tiny.yaml: targets[0]: backend 'vulkan' with runtime 'pytorch-mobile' "
+    assert result.stderr.startswith("recipes/tiny.yaml: targets[0]: backend 'nnapi' with runtime 'executorch' "
                                     "is not buildable")
 
 

@@ -73,7 +73,7 @@ def load(path, config):
     method = program.load_method("forward")
 
     def run(*inputs, _program=program):  # the method uses the program's memory: keep the program alive with it
-        outputs = method.execute([_in_dim_order(x, order) for x, order in zip(inputs, dim_orders)])
+        outputs = method.execute([_in_dim_order(x, order) for x, order in zip(inputs, dim_orders, strict=True)])
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     return run

@@ -4,10 +4,13 @@ Core ML or MPS (Apple).
 It goes through ExecuTorch's own export recipes (`executorch.export`): torch.export, optional PT2E quantization
 calibrated on the recipe's batches, `to_edge_transform_and_lower` with the delegate's partitioner, then
 serialization. XNNPACK and Core ML take their recipes from ExecuTorch's registry (XNNPackRecipeType.FP32 and
-PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights; CoreMLRecipeType.FP16/FP32 and
-PT2E_INT8_STATIC); Vulkan and MPS have no recipe provider in ExecuTorch 1.3.1, so their recipe is the partitioner
-alone. The example input follows input_config's memory format: a channels_last config gives a program whose input
-is NHWC, as the app will pass it.
+PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights, or PER_TENSOR when the recipe's
+quantize.weights says per_tensor; CoreMLRecipeType.FP16/FP32 and PT2E_INT8_STATIC); Vulkan and MPS have no recipe
+provider in ExecuTorch 1.3.1, so their recipe is the partitioner alone. int8 is calibrated on the recipe's
+calibration batches (`config["calibration"]`), which are also the export's example inputs. Programs are exported
+for NCHW input whatever input.memory_format says (that setting is PyTorch Mobile's advice): the delegates choose
+their own layout inside, while an NHWC export leaves a layout copy outside the delegate (MobileNetV2:
+aten::as_strided_copy on the portable kernels, and two XNNPACK calls instead of one) and Core ML refuses it.
 
 Delegate options (`config["options"]`, all optional):
   coreml:  compute_units     "all" (default) | "cpu_and_gpu" | "cpu_and_ne" | "cpu_only"
@@ -25,6 +28,7 @@ import hashlib
 import io
 import json
 import logging
+import threading
 import uuid
 import warnings
 from collections import Counter
@@ -51,7 +55,7 @@ BACKEND_NAMES = {"xnnpack": "XNNPACK", "vulkan": "Vulkan", "coreml": "Core ML", 
 
 # --- options and recipes ---------------------------------------------------------------------------------------
 
-def check_options(delegate, precision, options):
+def check_options(delegate, precision, options, weights=None):
     if delegate not in DELEGATES:
         raise MobileBuildError(f"unknown ExecuTorch delegate {delegate!r} (one of {', '.join(DELEGATES)})",
                                field="targets")
@@ -68,20 +72,28 @@ def check_options(delegate, precision, options):
         if value not in choices[key]:
             raise MobileBuildError(f"{delegate} option {key}: {value!r} is not one of {', '.join(choices[key])}",
                                    field="targets")
+    if precision == "int8" and delegate == "coreml" and weights == "per_tensor":
+        raise MobileBuildError("Core ML's int8 recipe quantizes weights per channel only", field="quantize.weights")
     if precision == "int8" and "compute_precision" in (options or {}):
         raise MobileBuildError(f"{delegate} option compute_precision applies to fp32 lowering only",
                                field="targets")
 
 
-def export_recipe(delegate, precision, options):
-    """ExecuTorch's ExportRecipe for the delegate: the registry's where ExecuTorch has one."""
+def export_recipe(delegate, precision, options, weights=None):
+    """ExecuTorch's ExportRecipe for the delegate: the registry's where ExecuTorch has one. `weights`: the recipe's
+    quantize.weights ("per_tensor" picks XNNPACK's per-tensor recipe; per-channel otherwise)."""
     from executorch.export import ExportRecipe, LoweringRecipe
 
     options = options or {}
     if delegate == "xnnpack":
         from executorch.backends.xnnpack.recipes import XNNPackRecipeType
 
-        kind = XNNPackRecipeType.FP32 if precision == "fp32" else XNNPackRecipeType.PT2E_INT8_STATIC_PER_CHANNEL
+        if precision == "fp32":
+            kind = XNNPackRecipeType.FP32
+        elif weights == "per_tensor":
+            kind = XNNPackRecipeType.PT2E_INT8_STATIC_PER_TENSOR
+        else:
+            kind = XNNPackRecipeType.PT2E_INT8_STATIC_PER_CHANNEL
         return ExportRecipe.get_recipe(kind)
     if delegate == "coreml":
         import coremltools as ct
@@ -117,8 +129,7 @@ def calibration_field(calibration):
 
 
 def in_layout(tensor, input_config):
-    if input_config["memory_format"] == "channels_last" and tensor.dim() == 4:
-        return tensor.contiguous(memory_format=torch.channels_last)
+    """The layout a program is exported for: NCHW (see the module's docstring)."""
     return tensor.contiguous()
 
 
@@ -129,11 +140,11 @@ def calibration_samples(calibration, input_config):
     expected = list(input_config["shape"])
     samples = []
     for index, batch in enumerate(quantize.calibration_batches(calibration, input_config)):
-        batch = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        if len(batch) != 1 or not isinstance(batch[0], torch.Tensor) or list(batch[0].shape) != expected:
+        tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        if len(tensors) != 1 or not isinstance(tensors[0], torch.Tensor) or list(tensors[0].shape) != expected:
             raise MobileBuildError(f"calibration batch {index} is {quantize._shape(batch)}, expected one tensor of "
                                    f"shape {expected} (the input the program is exported for)", field=field)
-        samples.append((in_layout(batch[0].to(modeling.DTYPES[input_config["dtype"]]), input_config),))
+        samples.append((in_layout(tensors[0].to(modeling.DTYPES[input_config["dtype"]]), input_config),))
     if not samples:
         raise MobileBuildError("calibration produced no batches", field=field)
     return samples
@@ -187,15 +198,36 @@ def _normalize_manifest(package):
     manifest_path.write_text(json.dumps(manifest, indent=4, sort_keys=True))
 
 
+def _serialize_specs_deterministically(package):
+    """coremltools writes the model spec with protobuf's default serialization, where map fields (the metadata)
+    come out in a per-process hash order."""
+    from coremltools.proto import Model_pb2
+
+    for spec_file in sorted(Path(package).rglob("*.mlmodel")):
+        spec = Model_pb2.Model()
+        spec.ParseFromString(spec_file.read_bytes())
+        spec_file.write_bytes(spec.SerializeToString(deterministic=True))
+
+
 @contextlib.contextmanager
 def reproducible_coreml(delegate):
     """Core ML payloads carry a random model identifier (uuid4, ExecuTorch), random .mlpackage item ids and the
-    conversion date (coremltools): two builds of one model would differ. The identifier becomes a digest of the
-    Core ML model's content (the runtime caches compiled models by it, so equal ids must mean equal models), the
-    item ids derive from their paths, and the date is dropped."""
+    conversion date, and its spec's metadata map in a per-process order (coremltools): two builds of one model
+    would differ. The identifier becomes a digest of the Core ML model's content (the runtime caches compiled
+    models by it, so equal ids must mean equal models), the item ids derive from their paths, the date is dropped
+    and the spec is written with protobuf's deterministic serialization."""
     if delegate != "coreml":
         yield
         return
+    with _COREML_PATCH_LOCK, _content_identified_coreml():  # the patch is process-wide: one lowering at a time
+        yield
+
+
+_COREML_PATCH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _content_identified_coreml():
     from executorch.backends.apple.coreml.compiler import coreml_preprocess
 
     backend = coreml_preprocess.CoreMLBackend
@@ -211,6 +243,7 @@ def reproducible_coreml(delegate):
         def save_normalized(path):
             save(path)
             _normalize_manifest(path)
+            _serialize_specs_deterministically(path)
 
         mlmodel.save = save_normalized
         real_uuid = coreml_preprocess.uuid
@@ -236,10 +269,26 @@ def _export_error(exc):
                                             "torch.fx.experimental"))
 
 
+def _root_cause(exc):
+    seen = {id(exc)}
+    while (exc.__cause__ or exc.__context__) is not None and id(exc.__cause__ or exc.__context__) not in seen:
+        exc = exc.__cause__ or exc.__context__
+        seen.add(id(exc))
+    return exc
+
+
+def _detail(exc):
+    """The error's first line, and the one that started it: a failed pass says only which pass failed."""
+    root = _root_cause(exc)
+    if root is exc:
+        return modeling.first_line(exc)
+    return f"{modeling.first_line(exc)} ({type(root).__name__}: {modeling.first_line(root)})"
+
+
 def failure_message(stage_type, delegate, exc):
     from executorch.export import StageType
 
-    detail = modeling.first_line(exc)
+    detail = _detail(exc)
     if stage_type == StageType.TORCH_EXPORT or (stage_type == StageType.QUANTIZE and _export_error(exc)):
         return f"torch.export cannot capture the model ({detail}); {EXPORT_ADVICE}"
     if stage_type == StageType.QUANTIZE:
@@ -249,18 +298,19 @@ def failure_message(stage_type, delegate, exc):
     return f"ExecuTorch could not build the program: {type(exc).__name__}: {detail}"
 
 
-def lower_to_bytes(model, input_config, delegate, precision="fp32", options=None, samples=None):
+def lower_to_bytes(model, input_config, delegate, precision="fp32", options=None, samples=None, weights=None):
     """The .pte bytes of `model` lowered for `delegate`. `samples`: example inputs as tuples, the first one
-    exported, all of them calibrating int8 (default: input_config's example input)."""
-    check_options(delegate, precision, options)
+    exported, all of them calibrating int8 (default: input_config's example input). Raises MobileBuildError for
+    settings and models that cannot be lowered, ImportError when the delegate's own dependency is missing."""
+    check_options(delegate, precision, options, weights)
     ensure_flatc()
-    samples = samples or [(modeling.example_input(input_config),)]
+    samples = samples or [(in_layout(modeling.example_input(input_config), input_config),)]
     with quiet():
         from executorch.export import ExportSession
 
         torch.manual_seed(0)
         session = ExportSession(model=model.eval(), example_inputs=samples,
-                                export_recipe=export_recipe(delegate, precision, options))
+                                export_recipe=export_recipe(delegate, precision, options, weights))
         try:
             with torch.no_grad(), reproducible_coreml(delegate):
                 session.export()
@@ -311,10 +361,10 @@ def delegation(pte_path):
                                field="targets") from None
 
 
-def preflight_delegation(model, input_config, delegate, precision="fp32", options=None):
+def preflight_delegation(model, input_config, delegate, precision="fp32", options=None, weights=None):
     """Lower in memory and summarise, for a check before any build: how much would `delegate` take? Quantization
     is calibrated on the example input only: which operators get delegated does not depend on the ranges."""
-    return delegation_of_bytes(lower_to_bytes(model, input_config, delegate, precision, options))
+    return delegation_of_bytes(lower_to_bytes(model, input_config, delegate, precision, options, weights=weights))
 
 
 def undelegated_message(summary, delegate):
@@ -332,8 +382,12 @@ def run(inputs, config, output):
         if not config.get("calibration"):
             raise MobileBuildError("int8 lowering needs calibration batches", field="quantize.calibration")
         samples = calibration_samples(config["calibration"], input_config)
-    data = lower_to_bytes(modeling.load_module(inputs["model"]), input_config, delegate, precision,
-                          config.get("options"), samples)
+    try:
+        data = lower_to_bytes(modeling.load_module(inputs["model"]), input_config, delegate, precision,
+                              config.get("options"), samples, config.get("weights"))
+    except ImportError as exc:  # a delegate's own dependency (coremltools) missing or broken
+        raise MobileBuildError(f"ExecuTorch's {BACKEND_NAMES[delegate]} delegate cannot be loaded: "
+                               f"{modeling.first_line(exc)}", field="targets") from None
     with open(output, "wb") as handle:
         handle.write(data)
     return undelegated_message(delegation_of_bytes(data), delegate)

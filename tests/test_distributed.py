@@ -1,0 +1,82 @@
+"""`mobilebuild build --dask`: stages on the workers of a real LocalCluster (worker processes), files through the
+shared artifact cache, the same bytes and the same one-line errors as a local build."""
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import Project, tiny_recipe
+
+distributed = pytest.importorskip("distributed")
+
+COMPARED = ("fused.pt", "quantized-qnnpack.pt", "scripted-fp32.pt", "tiny-xnnpack.ptl", "tiny-qnnpack.ptl",
+            "verify-xnnpack.json", "verify-qnnpack.json")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as local, distributed.Client(local) as client:
+        client.get_task_stream()  # registers the scheduler's task-stream plugin: it records from then on
+        yield local.scheduler_address, client
+
+
+def mobilebuild(root, *args, env):
+    return subprocess.run([sys.executable, "-m", "mobilebuild.cli", *args], cwd=root, capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=900)
+
+
+def digests(project):
+    return {name: hashlib.sha256(project.artifact(f"tiny/{name}").read_bytes()).hexdigest() for name in COMPARED}
+
+
+def test_a_build_on_dask_workers_gives_the_bytes_of_a_local_build(cluster, tmp_path):
+    address, client = cluster
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    on_dask, local = Project(tmp_path / "a"), Project(tmp_path / "b")
+    for project in (on_dask, local):
+        project.write_recipe(tiny_recipe())
+    started = time.time()
+
+    result = mobilebuild(on_dask.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(tmp_path / "c")})
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = {task["key"].split("-")[0] for task in client.get_task_stream(start=started)}
+    assert {"checkpoint:tiny", "fuse:tiny", "optimize:tiny", "verify:tiny", "bench:tiny"} <= ran
+    assert on_dask.artifact("tiny/manifest.json").is_file() and (on_dask.root / "artifacts/report.html").is_file()
+    assert local.run(env={"MOBILEBUILD_CACHE": "off"}).returncode == 0
+    assert digests(on_dask) == digests(local)
+    # doit keeps the graph: nothing left to do, and nothing sent to the cluster
+    again = time.time()
+    assert mobilebuild(on_dask.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(tmp_path / "c")}
+                       ).returncode == 0
+    assert not client.get_task_stream(start=again)
+
+
+def test_a_user_error_on_a_worker_is_the_same_one_line(cluster, tmp_path):
+    address, _ = cluster
+    project = Project(tmp_path)
+    (project.root / "broken.py").write_text("def make():\n    raise ValueError('no such width')\n")
+    project.write_recipe(tiny_recipe("bad", model={"factory": "broken:make", "seed": 0}))
+
+    result = mobilebuild(project.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(tmp_path / "c")})
+
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+    assert errors == ["ERROR: checkpoint:bad: recipes/bad.yaml: model.factory: "
+                      "broken.make(**kwargs) raised ValueError: no such width"], result.stderr
+
+
+def test_dask_without_the_cache_is_refused_in_one_line(cluster, tmp_path):
+    address, _ = cluster
+    project = Project(tmp_path)
+    project.write_recipe(tiny_recipe())
+    result = mobilebuild(project.root, "build", "--dask", address, "checkpoint", env={"MOBILEBUILD_CACHE": "off"})
+    assert result.returncode != 0
+    assert "moves files through the shared artifact cache, which is off" in result.stderr
+    assert not project.artifact("tiny/checkpoint.pt").exists()

@@ -1,0 +1,230 @@
+"""The ExecuTorch path: lowering tiny models to .pte for each delegate, running XNNPACK programs on the host, the
+delegation summary read back from the file, reproducibility, and one-line errors."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from tiny_models import conv_bn
+from torch import nn
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.metrics import sqnr_db
+from mobilebuild.runtimes import executorch as et_runtime
+from mobilebuild.stages import fuse, lower, modeling
+
+NCHW = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+NHWC = {**NCHW, "memory_format": "channels_last"}
+RANDOM_CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)  # the tiny models' initial weights
+
+
+class StubbedConvNet(nn.Module):
+    """Quantizable layout: QuantStub/DeQuantStub around Conv-BN-ReLU blocks and a classifier head."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 16, 3, stride=2, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(16, 10)
+        self.dequant = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x):
+        return self.dequant(self.head(torch.flatten(self.pool(self.features(self.quant(x))), 1)))
+
+
+class WithUnsupportedOps(nn.Module):
+    """cumsum and flip have no XNNPACK kernel: they stay on ExecuTorch's portable kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.cumsum(self.conv(x), dim=1) + torch.flip(x[:, :1, 1:-1, 1:-1], [3])
+
+
+class OnlyUnsupported(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=1)
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+def fused(model):
+    from tiny_models import randomize_batchnorm
+
+    return fuse.fuse(randomize_batchnorm(model), "auto")[0].eval()
+
+
+def lower_stage(tmp_path, model, delegate, precision="fp32", input_config=NCHW, calibration=None, options=None):
+    """The stage as the build runs it: the fused model pickled by the fuse stage, a .pte out."""
+    model_path = tmp_path / "fused.pt"
+    modeling.save_module(model, model_path)
+    output = tmp_path / f"{delegate}-{precision}.pte"
+    config = {"delegate": delegate, "precision": precision, "calibration": calibration, "input": input_config,
+              "options": options or {}}
+    message = lower.run({"model": model_path}, config, output)
+    return output, message
+
+
+def eager_and_program(tmp_path, model, input_config, **kwargs):
+    path, message = lower_stage(tmp_path, model, "xnnpack", input_config=input_config, **kwargs)
+    program = et_runtime.load(path, {"input": input_config, "timing": {"threads": 1}})
+    example = modeling.example_input(input_config, seed=7)
+    with torch.no_grad():
+        return model(example), program(example), path, message
+
+
+def test_xnnpack_fp32_runs_on_host_and_matches_eager(tmp_path):
+    reference, output, path, message = eager_and_program(tmp_path, fused(StubbedConvNet()), NCHW)
+    assert message is None
+    assert output.shape == reference.shape
+    assert sqnr_db(reference, output) > 60
+    summary = lower.delegation(path)
+    assert summary["delegates"] == {"XnnpackBackend": 1} and summary["fallback_calls"] == 0
+
+
+def test_a_channels_last_input_config_still_gives_an_nchw_program_fully_delegated(tmp_path):
+    model = fused(conv_bn())
+    reference, output, path, _ = eager_and_program(tmp_path, model, NHWC)
+    _, dim_orders = et_runtime.program_facts(path.read_bytes())
+    assert dim_orders == [[0, 1, 2, 3]]
+    assert lower.delegation(path)["fallback_calls"] == 0
+    assert sqnr_db(reference, output) > 60
+    # the runtime converts whatever layout it is given: a channels_last tensor gives the same numbers
+    program = et_runtime.load(path, {"input": NHWC})
+    assert sqnr_db(reference, program(modeling.example_input(NHWC, seed=7))) > 60
+
+
+def test_xnnpack_int8_with_calibration_matches_reasonably(tmp_path):
+    reference, output, path, _ = eager_and_program(tmp_path, fused(StubbedConvNet()), NCHW, precision="int8",
+                                                   calibration=RANDOM_CALIBRATION)
+    assert sqnr_db(reference, output) > 15
+    assert lower.delegation(path)["delegates"] == {"XnnpackBackend": 1}
+
+
+def test_int8_calibration_batches_of_the_wrong_shape_name_the_calibration(tmp_path, monkeypatch):
+    monkeypatch.setattr(lower.quantize, "calibration_batches", lambda calibration, config: [torch.randn(1, 3, 8, 8)])
+    with pytest.raises(MobileBuildError) as caught:
+        lower_stage(tmp_path, fused(conv_bn()), "xnnpack", "int8", calibration=RANDOM_CALIBRATION)
+    assert caught.value.field == "quantize.calibration"
+    assert "[1, 3, 8, 8]" in caught.value.message and "[1, 3, 16, 16]" in caught.value.message
+
+
+@pytest.mark.parametrize(("delegate", "backend", "options"), [
+    ("vulkan", "VulkanBackend", {}),
+    ("coreml", "CoreMLBackend", {"compute_units": "cpu_and_ne", "compute_precision": "fp16"}),
+    # MPS lowers on Linux too (the partitioner only serializes an MPSGraph); upstream deprecated it for Core ML
+    ("mps", "MPSBackend", {}),
+])
+def test_gpu_and_apple_delegates_lower_and_are_refused_on_the_host(tmp_path, delegate, backend, options):
+    path, message = lower_stage(tmp_path, fused(conv_bn()), delegate, options=options)
+    assert message is None
+    summary = et_runtime.inspect(path, {})
+    assert summary["delegation"]["delegates"] == {backend: 1}
+    assert summary["bytes"] == path.stat().st_size
+    with pytest.raises(MobileBuildError) as caught:
+        et_runtime.load(path, {"input": NCHW})
+    assert caught.value.field == "targets" and backend in caught.value.message
+
+
+def test_delegation_counts_fallback_operators(tmp_path):
+    path, message = lower_stage(tmp_path, WithUnsupportedOps().eval(), "xnnpack")
+    summary = lower.delegation(path)
+    assert summary["delegated_calls"] >= 1 and summary["delegates"].keys() == {"XnnpackBackend"}
+    assert summary["fallback_ops"]["aten::cumsum.out"] == 1
+    assert summary["fallback_ops"]["aten::flip.out"] == 1
+    assert summary["fallback_calls"] == sum(summary["fallback_ops"].values())
+    assert message is None  # partly delegated is a result, not a failure
+    # the pre-flight check lowers in memory and sees the same
+    assert lower.preflight_delegation(WithUnsupportedOps().eval(), NCHW, "xnnpack") == summary
+
+
+def test_a_program_with_nothing_delegated_is_flagged(tmp_path):
+    path, message = lower_stage(tmp_path, OnlyUnsupported().eval(), "xnnpack")
+    assert path.is_file()
+    assert message.startswith("nothing was delegated to XNNPACK") and "\n" not in message
+
+
+SUBPROCESS_LOWERING = textwrap.dedent("""
+    import os, torch
+    from pathlib import Path
+    from torch import nn
+    from mobilebuild.stages import lower
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5)).eval()
+    config = {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+    for delegate in ("xnnpack", "coreml"):
+        Path(delegate + ".pte").write_bytes(lower.lower_to_bytes(model, config, delegate))
+    print(os.environ.get("FLATC_EXECUTABLE", ""))
+""")
+
+
+def test_flatc_workaround_with_the_variable_unset_and_byte_identical_across_processes_and_directories(tmp_path):
+    """Two builds in two processes, from two directories. Core ML's spec metadata is a protobuf map written in a
+    per-process order: only separate processes show that."""
+    env = {k: v for k, v in os.environ.items() if k != "FLATC_EXECUTABLE"}
+    directories = [tmp_path / name / "checkout" for name in ("one", "two")]
+    processes = []
+    for cwd in directories:
+        cwd.mkdir(parents=True)
+        processes.append(subprocess.Popen([sys.executable, "-c", SUBPROCESS_LOWERING], cwd=cwd, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    for process in processes:
+        stdout, stderr = process.communicate()
+        assert process.returncode == 0, stderr[-2000:]
+        assert stdout.strip().endswith(os.path.join("executorch", "data", "bin", "flatc"))
+    for delegate in ("xnnpack", "coreml"):
+        first, second = ((cwd / f"{delegate}.pte").read_bytes() for cwd in directories)
+        assert len(first) > 1000 and first == second
+
+
+def test_a_user_flatc_setting_is_kept(monkeypatch):
+    from mobilebuild import executorch_setup
+
+    monkeypatch.setenv("FLATC_EXECUTABLE", "/opt/my/flatc")
+    assert executorch_setup.ensure_flatc() == "/opt/my/flatc"
+    assert os.environ["FLATC_EXECUTABLE"] == "/opt/my/flatc"
+    monkeypatch.delenv("FLATC_EXECUTABLE")
+    assert executorch_setup.ensure_flatc() == str(executorch_setup.shipped_flatc())
+
+
+def test_an_unexportable_model_is_one_line_naming_the_target(tmp_path):
+    with pytest.raises(MobileBuildError) as caught:
+        lower_stage(tmp_path, DataDependent().eval(), "xnnpack")
+    assert caught.value.field == "targets"
+    assert "torch.export cannot capture the model" in caught.value.message
+    assert "torch.cond" in caught.value.message and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("delegate", "precision", "options", "words"), [
+    ("vulkan", "int8", {}, "int8 lowering is supported for xnnpack and coreml"),
+    ("coreml", "fp32", {"compute_units": "gpu"}, "compute_units: 'gpu' is not one of"),
+    ("xnnpack", "fp32", {"threads": 2}, "xnnpack has no option 'threads'"),
+    ("tflite", "fp32", {}, "unknown ExecuTorch delegate"),
+])
+def test_bad_settings_are_refused_before_lowering(delegate, precision, options, words):
+    with pytest.raises(MobileBuildError) as caught:
+        lower.lower_to_bytes(conv_bn(), NCHW, delegate, precision, options)
+    assert caught.value.field == "targets" and words in caught.value.message
+
+
+def test_core_ml_int8_with_per_tensor_weights_names_the_weights_setting():
+    with pytest.raises(MobileBuildError) as caught:
+        lower.lower_to_bytes(conv_bn(), NCHW, "coreml", "int8", weights="per_tensor")
+    assert caught.value.field == "quantize.weights"
