@@ -80,3 +80,48 @@ def test_dask_without_the_cache_is_refused_in_one_line(cluster, tmp_path):
     assert result.returncode != 0
     assert "moves files through the shared artifact cache, which is off" in result.stderr
     assert not project.artifact("tiny/checkpoint.pt").exists()
+
+
+def dies_on_first_attempt(marker, *args):
+    """A Dask task whose worker process dies the first time it runs it, mid-task."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(1)
+    from mobilebuild import distributed as remote
+
+    return remote.build_on_worker(*args)
+
+
+def test_a_worker_lost_mid_task_is_rerun_and_nothing_half_stored(cluster, tmp_path, monkeypatch):
+    import cloudpickle
+
+    from mobilebuild import distributed as remote
+    from mobilebuild import execute, graph, recipe
+
+    address, client = cluster
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    project, reference = Project(tmp_path / "a"), Project(tmp_path / "b")
+    for each in (project, reference):
+        each.write_recipe(tiny_recipe())
+    assert project.run("checkpoint", env={"MOBILEBUILD_CACHE": "off"}).returncode == 0
+    assert reference.run("fuse", env={"MOBILEBUILD_CACHE": "off"}).returncode == 0
+
+    monkeypatch.chdir(project.root)
+    monkeypatch.setenv("MOBILEBUILD_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv(remote.ADDRESS_VARIABLE, address)
+    execute.shared_cache.cache_clear()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    marker = str(tmp_path / "died-once")
+    monkeypatch.setattr(remote, "build_on_worker", lambda *args: dies_on_first_attempt(marker, *args))
+    node = next(n for n in graph.build(recipe.load_all(project.root), project.root) if n.task_name == "fuse:tiny")
+    shared, key = execute._cache_entry(node)
+
+    reply = remote.run_remote(node, shared, key)
+
+    assert os.path.exists(marker), "the first attempt did not run"
+    assert reply["verdict"] is None
+    fetched = tmp_path / "fetched.pt"
+    assert shared.fetch(key, {"artifact": fetched}) is not None
+    assert fetched.read_bytes() == reference.artifact("tiny/fused.pt").read_bytes()
+    execute.shared_cache.cache_clear()
