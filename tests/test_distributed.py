@@ -69,7 +69,7 @@ def test_a_user_error_on_a_worker_is_the_same_one_line(cluster, tmp_path):
     assert "Traceback" not in result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
     assert errors == ["ERROR: checkpoint:bad: recipes/bad.yaml: model.factory: "
-                      "broken.make(**kwargs) raised ValueError: no such width"], result.stderr
+                      "broken:make(**kwargs) raised ValueError: no such width"], result.stderr
 
 
 def test_dask_without_the_cache_is_refused_in_one_line(cluster, tmp_path):
