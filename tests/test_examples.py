@@ -47,9 +47,35 @@ def test_fp32_artifacts_match_eager_and_manifests_are_complete(built, name):
     assert sqnr_db(reference, lite(x)) > FP32_DB
     manifest = json.loads((built / f"artifacts/{name}/manifest.json").read_text())
     assert {t["target"] for t in manifest["targets"]} >= {"xnnpack", "qnnpack"}
-    assert {a["target"] for a in manifest["artifacts"] if a["stage"] == "optimize"} == \
-        {t["target"] for t in manifest["targets"]}
-    assert all(t["status"] == "passed" for t in manifest["targets"])
+    finals = {a["target"] for a in manifest["artifacts"] if a["stage"] in ("optimize", "nnapi", "lower", "export")}
+    assert finals == {t["target"] for t in manifest["targets"]}
+    assert all(t["status"] == ("passed" if t["runs_on_host"] else "not run on host") for t in manifest["targets"])
+
+
+def test_mobilenet_v2_ships_to_every_backend_and_says_what_ran_where(built):
+    manifest = json.loads((built / "artifacts/mobilenet_v2/manifest.json").read_text())
+    targets = {t["target"]: t for t in manifest["targets"]}
+    assert {(t["backend"], t["runtime"]) for t in targets.values()} == {
+        ("xnnpack", "pytorch-mobile"), ("qnnpack", "pytorch-mobile"), ("nnapi", "pytorch-mobile"),
+        ("xnnpack", "executorch"), ("vulkan", "executorch"), ("metal", "executorch"), ("onnx", "onnxruntime")}
+    verification, benchmarks = manifest["verification"], manifest["benchmarks"]
+    for name, target in targets.items():
+        assert (built / "artifacts" / target["path"]).stat().st_size > 1e6, name
+        if target["runs_on_host"]:
+            assert verification[name]["status"] == "passed" and benchmarks[name]["status"] == "ran", name
+        else:  # built for real, checked as far as the host can, and said so
+            assert verification[name]["status"] == "not run on host" and benchmarks[name]["status"] == "skipped"
+            assert "runs only on" in verification[name]["reason"]
+    delegated = {name: verification[name]["artifact"]["delegation"] for name in targets if "executorch" in
+                 targets[name]["runtime"]}
+    assert delegated["et-xnnpack"]["delegates"] == {"XnnpackBackend": 1}
+    assert delegated["et-xnnpack"]["fallback_calls"] == 0
+    assert "VulkanBackend" in delegated["vulkan-executorch"]["delegates"]
+    assert "CoreMLBackend" in delegated["metal-executorch"]["delegates"]
+    assert verification["nnapi"]["artifact"]["nnapi_model"]["operations"] > 50
+    assert verification["onnx-int8"]["artifact"]["quantized_nodes"] > 100
+    report = (built / "artifacts/report.md").read_text()
+    assert "not run on host (runs only on an Android 8.1+ device with NNAPI" in report
 
 
 def test_digits_int8_keeps_its_accuracy_on_held_out_images(built):
