@@ -1,17 +1,21 @@
-"""Up-to-date (no-op) `doit` over a generated monorepo against bare doit with as many file tasks.
+"""Up-to-date (no-op) `doit` over generated monorepos against bare doit with as many file tasks.
 
-Measures the wall time, CPU time and peak RSS of `python -m doit` when nothing is left to build, in
-  mobilebuild: a temporary repo with the real dodo.py and N recipes (default 50) x 2 targets (xnnpack, qnnpack)
-              of a tiny Conv-BN-ReLU + Linear model, built once for real beforehand;
+Measures the wall time, CPU time and peak RSS of `python -m doit` when nothing is left to build, for each size N
+(default 10, 50 and 200 recipes), in
+  mobilebuild: a temporary repo with the real dodo.py and N recipes x 5 targets (xnnpack, qnnpack, nnapi,
+              ExecuTorch xnnpack, onnx) of a tiny Conv-BN-ReLU + Linear model in five variants, built once for
+              real beforehand (recipes of the same variant share their artifacts through the artifact cache, so
+              200 recipes cost five real builds);
   bare doit:  a temporary dodo.py with as many file tasks as `doit list --all` shows there (group tasks left
               out), chained through one file_dep each, one target each and a config_changed uptodate.
 Both run K times (default 7) as subprocesses, interleaved, after one untimed warm-up each; medians are compared.
 Every timed run must execute nothing. One more mobilebuild no-op runs with a PYTHONPATH whose `torch` raises on
 import.
 
-Target: median(mobilebuild) <= 2x median(bare doit), and torch is never imported by the no-op run.
+Targets: at the largest size median(mobilebuild) <= 2x median(bare doit); from the smallest size to the largest,
+time and peak RSS grow at most linearly with the number of tasks; torch is never imported by a no-op run.
 
-    /work/venv/bin/python benchmarks/noop_overhead.py [--recipes 50] [--repeats 7]
+    /work/venv/bin/python benchmarks/noop_overhead.py [--recipes 10 50 200] [--repeats 7]
 """
 
 import argparse
@@ -23,9 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from _bench import PYTHON, REPO, bytecode_env, fail, interleave, measure, summary, verdict
+from _bench import PYTHON, REPO, bytecode_env, fail, interleave, measure, median, summary, table, verdict
 
 TARGET_RATIO = 2.0
+VARIANTS = 5
 TEAMS = ("camera", "speech", "ocr", "pose", "ranking")
 
 TINYNET = textwrap.dedent('''
@@ -84,18 +89,19 @@ def recipe(index):
     team = TEAMS[index % len(TEAMS)]
     return team, {
         "name": f"{team}_net_{index:02d}",
-        "model": {"factory": "tinynet:make", "kwargs": {"width": 2 + index % 7}, "seed": index,
+        "model": {"factory": "tinynet:make", "kwargs": {"width": 2 + index % VARIANTS}, "seed": index % VARIANTS,
                   "batchnorm_stats": 1},
         "input": {"shape": [1, 3, 8, 8]},
         # One or two calibration batches: the cold build only has to exist, not be accurate.
-        "quantize": {"calibration": {"source": "random", "batches": 1 + index % 2, "seed": index}},
-        "script": ("trace", "script")[index % 2],
+        "quantize": {"calibration": {"source": "random", "batches": 1, "seed": 0}},
+        "script": ("trace", "script")[index % VARIANTS % 2],
         "benchmark": {"warmup": 1, "iters": 5},  # likewise: the timings only have to exist
         # and pass: a failed verification runs again on every build, and these random nets calibrated on one
         # batch are poor int8 models
         "verify": {"samples": 2, "thresholds": {"int8": {"sqnr_db": 0, "cosine": 0, "max_rel_error": 100,
                                                          "top1_agreement": 0}}},
-        "targets": [{"backend": "xnnpack"}, {"backend": "qnnpack"}],
+        "targets": [{"backend": "xnnpack"}, {"backend": "qnnpack"}, {"backend": "nnapi"},
+                    {"backend": "xnnpack", "runtime": "executorch"}, {"backend": "onnx"}],
     }
 
 
@@ -124,13 +130,13 @@ def make_bare(root, count):
     (root / "source.txt").write_text("source\n")
 
 
-def build_once(root, label):
-    run = measure([PYTHON, "-m", "doit", "-n", "2"], root)  # only the setup: both cores
+def build_once(root, label, env=None):
+    run = measure([PYTHON, "-m", "doit", "-n", "2"], root, env)  # only the setup: both cores
     if run.returncode:
         fail(f"{label}: the build failed", run)
     # In a parallel build a manifest may be written before a benchmark it records finishes (it observes results
     # rather than waiting on them); the next run refreshes it. Settle that before measuring no-ops.
-    settle = measure([PYTHON, "-m", "doit"], root)
+    settle = measure([PYTHON, "-m", "doit"], root, env)
     if settle.returncode:
         fail(f"{label}: the settling build failed", settle)
     executed = sum(line.startswith(".  ") for line in run.output.splitlines())
@@ -170,41 +176,62 @@ def torch_free_noop(root, scratch, tasks):
     return not problem and not marker.exists(), run
 
 
+def measure_size(scratch, count, repeats, env):
+    """Build a monorepo of `count` recipes and a bare dodo with as many file tasks; time their no-ops."""
+    graph, bare = scratch / f"monorepo-{count}", scratch / f"bare-{count}"
+    graph.mkdir()
+    bare.mkdir()
+    make_monorepo(graph, count)
+    tasks = len(file_tasks(graph))
+    print(f"generated {count} recipes x 5 targets: {tasks} file tasks; bare dodo with {tasks} file tasks")
+    make_bare(bare, tasks)
+    build_once(graph, f"the {count}-recipe monorepo", env)
+    build_once(bare, "the bare dodo", env)
+    command = [PYTHON, "-m", "doit"]
+    contenders = {"bare doit": lambda: measure(command, bare, env), "mobilebuild": lambda: measure(command, graph, env)}
+    check = expect_noop(tasks)
+    for name, contender in contenders.items():  # untimed: fills the page cache and the bytecode cache
+        check(name, contender())
+    print(f"{repeats} interleaved up-to-date runs of each:")
+    runs = interleave(contenders, repeats, check)
+    print(f"\n{count} recipes, {tasks} file tasks each")
+    return graph, tasks, runs, summary(runs, "bare doit", "mobilebuild")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipes", type=int, default=50)
+    parser.add_argument("--recipes", type=int, nargs="+", default=[10, 50, 200])
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="noop-bench-") as scratch:
         scratch = Path(scratch)
-        graph, bare = scratch / "monorepo", scratch / "bare"
-        graph.mkdir()
-        bare.mkdir()
-        make_monorepo(graph, args.recipes)
-        tasks = len(file_tasks(graph))
-        print(f"generated {args.recipes} recipes x 2 targets: {tasks} file tasks; bare dodo with {tasks} file tasks")
-        make_bare(bare, tasks)
-        build_once(graph, "the monorepo")
-        build_once(bare, "the bare dodo")
-
-        command, env = [PYTHON, "-m", "doit"], bytecode_env(scratch)
-        contenders = {"bare doit": lambda: measure(command, bare, env),
-                      "mobilebuild": lambda: measure(command, graph, env)}
-        check = expect_noop(tasks)
-        for name, contender in contenders.items():  # untimed: fills the page cache and the bytecode cache
-            check(name, contender())
-        print(f"{args.repeats} interleaved up-to-date runs of each:")
-        runs = interleave(contenders, args.repeats, check)
-        torch_free, poisoned = torch_free_noop(graph, scratch, tasks)
-
-    print(f"\n{tasks} file tasks each")
-    ratio = summary(runs, "bare doit", "mobilebuild")
-    print(f"torch during the no-op: {'never imported' if torch_free else 'IMPORTED'} "
-          f"(poisoned-torch run: rc {poisoned.returncode}, {poisoned.seconds:.3f} s)")
-    return verdict(ratio <= TARGET_RATIO and torch_free,
-                   f"no-op ratio {ratio:.2f}x (target <= {TARGET_RATIO:.2f}x), torch "
-                   f"{'not ' if torch_free else ''}imported")
+        env = {**bytecode_env(scratch), "MOBILEBUILD_CACHE": str(scratch / "cache")}
+        sizes = {count: measure_size(scratch, count, args.repeats, env) for count in sorted(args.recipes)}
+        rows = []
+        for count, (_, tasks, runs, ratio) in sizes.items():
+            seconds = median(r.seconds for r in runs["mobilebuild"])
+            rss = median(r.peak_rss_mb for r in runs["mobilebuild"])
+            rows.append([str(count), str(tasks), f"{seconds:.3f}", f"{seconds / tasks * 1e3:.3f}", f"{rss:.0f}",
+                         f"{ratio:.2f}x"])
+        print()
+        table(["recipes", "file tasks", "no-op (s)", "ms per task", "peak RSS (MB)", "vs bare doit"], rows)
+        first, last = sizes[min(sizes)], sizes[max(sizes)]
+        growth = last[1] / first[1]
+        time_growth = median(r.seconds for r in last[2]["mobilebuild"]) / median(
+            r.seconds for r in first[2]["mobilebuild"])
+        rss_growth = median(r.peak_rss_mb for r in last[2]["mobilebuild"]) / median(
+            r.peak_rss_mb for r in first[2]["mobilebuild"])
+        print(f"from {min(sizes)} to {max(sizes)} recipes: tasks x{growth:.1f}, no-op time x{time_growth:.2f}, "
+              f"peak RSS x{rss_growth:.2f}")
+        torch_free, poisoned = torch_free_noop(last[0], scratch, last[1])
+        print(f"torch during the no-op: {'never imported' if torch_free else 'IMPORTED'} "
+              f"(poisoned-torch run: rc {poisoned.returncode}, {poisoned.seconds:.3f} s)")
+        ratio = last[3]
+        return verdict(ratio <= TARGET_RATIO and torch_free and time_growth <= growth and rss_growth <= growth,
+                       f"no-op ratio at {max(sizes)} recipes {ratio:.2f}x (target <= {TARGET_RATIO:.2f}x); time "
+                       f"x{time_growth:.2f} and memory x{rss_growth:.2f} for x{growth:.1f} tasks; torch "
+                       f"{'not ' if torch_free else ''}imported")
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def recipe_nodes(recipe, root):
     timing = {key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}
     eager_bench = Node("bench", f"{recipe.name}-eager",
                        config={"runtime": "eager", "model": source, "input": recipe.input, "timing": timing,
-                               "runs_on_host": True, "label": f"{recipe.name}-eager"},
+                               "runs_on_host": True},
                        inputs={"checkpoint": checkpoint.output}, output=f"{out}/bench-eager.json", files=source_files,
                        **common)
     results = [eager_bench]
@@ -186,8 +186,7 @@ def recipe_nodes(recipe, root):
             fields=fields, **common))
         results.append(Node(
             "bench", f"{recipe.name}-{target.id}",
-            config={**runtime, "timing": timing, "device": _device_settings(recipe.benchmark["device"], route),
-                    "label": f"{recipe.name}-{target.id}"},
+            config={**runtime, "timing": timing, "device": _device_settings(recipe.benchmark["device"], route)},
             inputs={"artifact": final.output}, output=f"{out}/bench-{target.id}.json", fields=fields, **common))
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,

@@ -42,7 +42,9 @@ def run(inputs, config, output):
               "artifact_sha256": store.sha256_file(artifact),
               "host": host(), "toolchain": toolchain.versions()}
     if config["runs_on_host"]:
-        result.update(status="ran", **time_in_subprocess({**config, "path": str(artifact)}))
+        # the progress label: not in the config, which keys the cache (identical models share their timings)
+        label = artifact.stem if "artifact" in inputs else f"{artifact.parent.name}-eager"
+        result.update(status="ran", **time_in_subprocess({**config, "path": str(artifact), "label": label}))
         us_per_iter = result["median_ms"] * 1e3
         result["speed_benchmark_line"] = device.format_speed_benchmark_line(us_per_iter, 1e6 / us_per_iter)
         print(f"   {result['speed_benchmark_line']} (median of {config['timing']['iters']}, "
