@@ -2,8 +2,8 @@
 
 Measures the wall time, CPU time and peak RSS of `python -m doit` when nothing is left to build, for each size N
 (default 10, 50 and 200 recipes), in
-  mobilebuild: a temporary repo with the real dodo.py and N recipes x 5 targets (xnnpack, qnnpack, nnapi,
-              ExecuTorch xnnpack, onnx) of a tiny Conv-BN-ReLU + Linear model in five variants, built once for
+  mobilebuild: a temporary repo with the real dodo.py and N recipes x 5 targets (xnnpack, qnnpack, ExecuTorch
+              xnnpack, onnx fp32 and int8) of a tiny Conv-BN-ReLU + Linear model in five variants, built once for
               real beforehand (recipes of the same variant share their artifacts through the artifact cache, so
               200 recipes cost five real builds);
   bare doit:  a temporary dodo.py with as many file tasks as `doit list --all` shows there (group tasks left
@@ -100,8 +100,8 @@ def recipe(index):
         # batch are poor int8 models
         "verify": {"samples": 2, "thresholds": {"int8": {"sqnr_db": 0, "cosine": 0, "max_rel_error": 100,
                                                          "top1_agreement": 0}}},
-        "targets": [{"backend": "xnnpack"}, {"backend": "qnnpack"}, {"backend": "nnapi"},
-                    {"backend": "xnnpack", "runtime": "executorch"}, {"backend": "onnx"}],
+        "targets": [{"backend": "xnnpack"}, {"backend": "qnnpack"}, {"backend": "xnnpack", "runtime": "executorch"},
+                    {"backend": "onnx"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"}],
     }
 
 

@@ -77,6 +77,34 @@ class ObservedFiles:
         return values.get("observed") == self.digest()
 
 
+class TargetIntact:
+    """Up to date only while the target is the file this task last wrote. doit records a run's results when the
+    run ends: a build killed after replacing an artifact leaves the new bytes under the old state, and reverting
+    the recipe would then take another version's artifact as up to date. A stat per task; the content is hashed
+    only when the stat differs (a file touched but unchanged stays up to date)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def state(self):
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return [stat.st_mtime_ns, stat.st_size, store.sha256_file(self.path)]
+
+    def __call__(self, task, values):
+        task.value_savers.append(lambda: {"target": self.state()})
+        recorded = values.get("target")
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        if recorded is None or recorded[1] != stat.st_size:
+            return False
+        return recorded[0] == stat.st_mtime_ns or recorded[2] == store.sha256_file(self.path)
+
+
 def _tasks(stage):
     for node in project_nodes(os.getcwd()):
         if node.stage == stage:
@@ -85,7 +113,8 @@ def _tasks(stage):
                 "actions": [(run_node, [node])],
                 "file_dep": node.dependencies(),
                 "targets": [node.output],
-                "uptodate": [config_changed(node.key()), *([ObservedFiles(node.observes)] if node.observes else [])],
+                "uptodate": [config_changed(node.key()), TargetIntact(node.output),
+                             *([ObservedFiles(node.observes)] if node.observes else [])],
                 "clean": [(clean_output, [node.output])],
                 "doc": f"{node.output} ({node.recipe_file})",
             }
