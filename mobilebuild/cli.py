@@ -39,9 +39,10 @@ def run_doit(args):
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from mobilebuild import tasks
+    from mobilebuild import reporter, tasks
 
-    return DoitMain(ModuleTaskLoader(tasks), extra_config={"COMMAND": commands.PLUGINS}).run(args)
+    plugins = {"COMMAND": commands.PLUGINS, "REPORTER": reporter.PLUGINS}
+    return DoitMain(ModuleTaskLoader(tasks), extra_config=plugins).run(args)
 
 
 def _recipe_files(paths):

@@ -191,3 +191,22 @@ def test_two_builds_at_once_run_one_after_the_other(project):
     executed = [line for out, _ in outputs for line in out.splitlines() if line.startswith(".  ")]
     assert sorted(set(executed)) == sorted(executed)  # the waiting build found everything done: nothing twice
     assert ".  optimize:tiny-xnnpack" in executed
+
+
+def test_a_build_with_another_reporter_holds_the_lock_too(project):
+    """doit's reporters are replaced by locking ones (pyproject.toml, or the mobilebuild command): a `-r json` build
+    makes a plain one wait."""
+    import subprocess
+    import sys
+
+    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}]))
+    commands = [[sys.executable, "-m", "mobilebuild.cli", "-r", "json"], [sys.executable, "-m", "mobilebuild.cli"]]
+    processes = [subprocess.Popen(command, cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for command in commands]
+    outputs = [process.communicate(timeout=600) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    assert sum("another build is running in this repository" in err for _, err in outputs) == 1
+    report = json.loads(outputs[0][0])
+    ran_first = [t["name"] for t in report["tasks"] if t["result"] == "success" and ":" in t["name"] and t["started"]]
+    ran_second = [line for line in outputs[1][0].splitlines() if line.startswith(".  ")]
+    assert not (ran_first and ran_second and {f".  {name}" for name in ran_first} & set(ran_second))
