@@ -65,6 +65,7 @@ class Project:
 
     def __init__(self, root):
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "dodo.py", root / "dodo.py")
         (root / "tinynet.py").write_text(TINYNET)
         (root / "recipes").mkdir()
@@ -88,6 +89,14 @@ class Project:
 
     def artifact(self, relative):
         return self.root / "artifacts" / relative
+
+
+def checkouts(tmp_path, *names, recipe=None):
+    """Projects side by side below tmp_path (checkouts of one repository), each with the same recipe."""
+    projects = [Project(tmp_path / name) for name in names]
+    for project in projects:
+        project.write_recipe(recipe or tiny_recipe())
+    return projects
 
 
 @pytest.fixture

@@ -48,7 +48,6 @@ TIMED_FILES = ("bench-*.json", "manifest.json")
 # -- projects and builds -------------------------------------------------------------------------------------------
 
 def new_project(root):
-    root.mkdir(parents=True, exist_ok=True)
     project = Project(root)
     project.write_recipe(tiny_recipe(RECIPE))
     return project

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import Project, tiny_recipe
+from conftest import Project, checkouts, tiny_recipe
 
 distributed = pytest.importorskip("distributed")
 
@@ -35,11 +35,7 @@ def digests(project):
 
 def test_a_build_on_dask_workers_gives_the_bytes_of_a_local_build(cluster, tmp_path):
     address, client = cluster
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    on_dask, local = Project(tmp_path / "a"), Project(tmp_path / "b")
-    for project in (on_dask, local):
-        project.write_recipe(tiny_recipe())
+    on_dask, local = checkouts(tmp_path, "a", "b")
     started = time.time()
 
     result = mobilebuild(on_dask.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(tmp_path / "c")})
@@ -99,11 +95,7 @@ def test_a_worker_lost_mid_task_is_rerun_and_nothing_half_stored(cluster, tmp_pa
     from mobilebuild import execute, graph, recipe
 
     address, client = cluster
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    project, reference = Project(tmp_path / "a"), Project(tmp_path / "b")
-    for each in (project, reference):
-        each.write_recipe(tiny_recipe())
+    project, reference = checkouts(tmp_path, "a", "b")
     assert project.run("checkpoint", env={"MOBILEBUILD_CACHE": "off"}).returncode == 0
     assert reference.run("fuse", env={"MOBILEBUILD_CACHE": "off"}).returncode == 0
 

@@ -2,7 +2,7 @@
 
 import hashlib
 
-from conftest import Project, tiny_recipe
+from conftest import checkouts, tiny_recipe
 
 
 def digests(project):
@@ -12,12 +12,7 @@ def digests(project):
 
 def test_a_second_checkout_builds_everything_from_the_shared_cache(tmp_path):
     cache = {"MOBILEBUILD_CACHE": str(tmp_path / "shared-cache")}
-    checkouts = []
-    for name in ("first", "second"):
-        (tmp_path / name).mkdir()
-        checkouts.append(Project(tmp_path / name))
-        checkouts[-1].write_recipe(tiny_recipe())
-    first, second = checkouts
+    first, second = checkouts(tmp_path, "first", "second")
 
     cold = first.run(env=cache)
     warm = second.run(env=cache)
@@ -32,11 +27,7 @@ def test_a_second_checkout_builds_everything_from_the_shared_cache(tmp_path):
 
 def test_a_corrupt_cache_entry_is_rebuilt_never_used(tmp_path):
     cache_dir = tmp_path / "shared-cache"
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
-    first, second = Project(tmp_path / "first"), Project(tmp_path / "second")
-    for project in (first, second):
-        project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}]))
+    first, second = checkouts(tmp_path, "first", "second", recipe=tiny_recipe(targets=[{"backend": "xnnpack"}]))
     assert first.run("optimize", env={"MOBILEBUILD_CACHE": str(cache_dir)}).returncode == 0
     wanted = first.artifact("tiny/tiny-xnnpack.ptl").read_bytes()
     for blob in cache_dir.rglob("artifact"):  # flip one byte of every stored artifact

@@ -28,7 +28,6 @@ def interpreter_wrapper(path, marker):
 
 
 def test_a_toolchain_interpreter_runs_the_targets_final_stage(tmp_path):
-    (tmp_path / "repo").mkdir()
     project = Project(tmp_path / "repo")
     marker = tmp_path / "marks"
     interpreter_wrapper(tmp_path / "python-vulkan", marker)

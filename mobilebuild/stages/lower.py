@@ -128,7 +128,7 @@ def calibration_field(calibration):
     return "quantize.calibration"
 
 
-def in_layout(tensor, input_config):
+def in_layout(tensor):
     """The layout a program is exported for: NCHW (see the module's docstring)."""
     return tensor.contiguous()
 
@@ -144,7 +144,7 @@ def calibration_samples(calibration, input_config):
         if len(tensors) != 1 or not isinstance(tensors[0], torch.Tensor) or list(tensors[0].shape) != expected:
             raise MobileBuildError(f"calibration batch {index} is {quantize._shape(batch)}, expected one tensor of "
                                    f"shape {expected} (the input the program is exported for)", field=field)
-        samples.append((in_layout(tensors[0].to(modeling.DTYPES[input_config["dtype"]]), input_config),))
+        samples.append((in_layout(tensors[0].to(modeling.DTYPES[input_config["dtype"]])),))
     if not samples:
         raise MobileBuildError("calibration produced no batches", field=field)
     return samples
@@ -304,7 +304,7 @@ def lower_to_bytes(model, input_config, delegate, precision="fp32", options=None
     settings and models that cannot be lowered, ImportError when the delegate's own dependency is missing."""
     check_options(delegate, precision, options, weights)
     ensure_flatc()
-    samples = samples or [(in_layout(modeling.example_input(input_config), input_config),)]
+    samples = samples or [(in_layout(modeling.example_input(input_config)),)]
     with quiet():
         from executorch.export import ExportSession
 
