@@ -10,6 +10,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+from mobilebuild import host_lock
 from mobilebuild.errors import MobileBuildError
 
 # torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
@@ -17,6 +18,9 @@ from mobilebuild.errors import MobileBuildError
 _QUIET = [(FutureWarning, r"torch(\..*)?"), (DeprecationWarning, r"torch(\..*)?"), (Warning, r"torch\.ao\..*"),
           (UserWarning, r"torch\._utils")]
 
+
+# Stages that take the host lock themselves, for the measurement only (host_lock.py).
+MEASURING = {"bench"}
 
 _current_root = None
 
@@ -58,7 +62,8 @@ def handle(request):
     """A request from the build -> its reply: the verdict, a user error, an OS error, or a crash's traceback, and
     what the stage printed, which the build prints as the task's output (doit may capture it, e.g. `-r json`)."""
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    alongside = contextlib.nullcontext() if request["stage"] in MEASURING else host_lock.stage_running()
+    with contextlib.redirect_stdout(printed), alongside:
         reply = _outcome(request)
     sys.stderr.flush()
     return {**reply, "printed": printed.getvalue()}

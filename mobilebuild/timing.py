@@ -13,22 +13,22 @@ import time
 
 import torch
 
-from mobilebuild import runtimes
+from mobilebuild import host_lock, runtimes
 from mobilebuild.stages import modeling
 
 
 def measure(spec):
     timing = spec["timing"]
     torch.set_num_threads(timing["threads"])
-    started = time.perf_counter()
-    model = runtimes.load(spec["runtime"], spec["path"], spec)
-    load_ms = (time.perf_counter() - started) * 1e3
     example = modeling.example_input(spec["input"])  # one input, reused: the recipe's Android advice
     samples = []
     # a live counter on a terminal; four lines in a log
     step = max(1, timing["iters"] // (20 if sys.stderr.isatty() else 4))
     end = "\r" if sys.stderr.isatty() else "\n"
-    with torch.no_grad():
+    with host_lock.measuring_alone(spec["label"]), torch.no_grad():
+        started = time.perf_counter()
+        model = runtimes.load(spec["runtime"], spec["path"], spec)
+        load_ms = (time.perf_counter() - started) * 1e3
         for _ in range(timing["warmup"]):
             model(example)
         for index in range(timing["iters"]):

@@ -12,6 +12,7 @@ task layer and must not import torch: the worker's side (`serve`) imports the st
 
 import atexit
 import json
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -20,6 +21,11 @@ import threading
 from pathlib import Path
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+# Stages compute with one thread on every host. Reductions split across threads round differently, so with torch's
+# default (a thread per core) batch-norm statistics, and every artifact after them, changed with the machine's core
+# count: a release built in CI on 4 cores differed from the same build on an 8-core laptop. One thread is also the
+# faster choice here, since `doit -n N` runs N stages side by side (benchmarks set their own thread count).
+STAGE_THREADS = "1"
 
 
 class WorkerDied(Exception):
@@ -30,7 +36,7 @@ class Worker:
     def __init__(self, python):
         self.python = python
         reply_read, reply_write = os.pipe()
-        env = {**os.environ, "PYTHONHASHSEED": "0",
+        env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": STAGE_THREADS, "MKL_NUM_THREADS": STAGE_THREADS,
                # another interpreter (a toolchain) finds this mobilebuild and the repository's factories
                "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_PARENT, os.getcwd(), os.environ.get("PYTHONPATH")]))}
         self.process = subprocess.Popen([python, "-m", "mobilebuild.worker", str(reply_write)], stdin=subprocess.PIPE,
@@ -73,6 +79,8 @@ def call(request, python=None):
     if _owner != os.getpid():  # a forked doit process (`doit -n N`) gets workers of its own
         _workers.clear()
         _owner = os.getpid()
+        # doit's forked processes end through multiprocessing, which skips atexit but runs these
+        multiprocessing.util.Finalize(None, close_all, exitpriority=0)
     slot = (python or sys.executable, threading.get_ident())
     worker = _workers.get(slot)
     if worker is None or worker.process.poll() is not None:

@@ -1,0 +1,91 @@
+"""host_lock: a measurement waits for the stages running on the host, and stages wait for a measurement. Real
+flock locks, held by real processes."""
+
+import multiprocessing
+import tempfile
+import time
+
+import pytest
+
+from mobilebuild import host_lock
+
+WAIT = 60  # seconds: how long anything may take to happen at all, on a loaded machine
+
+
+@pytest.fixture(autouse=True)
+def private_lock_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def _hold(kind, entered, release):
+    section = host_lock.measuring_alone("model") if kind == "measure" else host_lock.stage_running()
+    with section:
+        entered.set()
+        release.wait(WAIT)
+
+
+class Holder:
+    """A process inside a stage or a measurement until released."""
+
+    def __init__(self, kind):
+        context = multiprocessing.get_context("fork")
+        self.entered, self.release = context.Event(), context.Event()
+        self.process = context.Process(target=_hold, args=(kind, self.entered, self.release))
+        self.process.start()
+
+    def done(self):
+        self.release.set()
+        self.process.join(WAIT)
+        assert self.process.exitcode == 0
+
+
+def test_stages_run_side_by_side():
+    first, second = Holder("stage"), Holder("stage")
+    assert first.entered.wait(WAIT) and second.entered.wait(WAIT)
+    first.done()
+    second.done()
+
+
+def _printed(capfd, text):
+    """Wait until a child process has printed `text` on stderr; return all it printed."""
+    printed, deadline = "", time.monotonic() + WAIT
+    while text not in printed and time.monotonic() < deadline:
+        time.sleep(0.05)
+        printed += capfd.readouterr().err
+    return printed
+
+
+def test_a_measurement_waits_for_running_stages_and_holds_off_new_ones(capfd):
+    stage = Holder("stage")
+    assert stage.entered.wait(WAIT)
+    measurement = Holder("measure")
+    assert "model: waiting for running stages to finish (benchmarks measure alone)" in _printed(capfd, "waiting")
+    assert not measurement.entered.is_set()  # it cannot be inside while the stage runs
+    late_stage = Holder("stage")  # arrives while the measurement waits: it must not overtake it
+    assert not late_stage.entered.wait(1)
+    stage.done()
+    assert measurement.entered.wait(WAIT)
+    assert not late_stage.entered.wait(1)  # the measurement runs alone
+    measurement.done()
+    assert late_stage.entered.wait(WAIT)
+    late_stage.done()
+
+
+def test_measurements_take_turns():
+    first = Holder("measure")
+    assert first.entered.wait(WAIT)
+    second = Holder("measure")
+    assert not second.entered.wait(1)
+    first.done()
+    assert second.entered.wait(WAIT)
+    second.done()
+
+
+def test_a_killed_holder_leaves_nothing_locked():
+    stage = Holder("stage")
+    assert stage.entered.wait(WAIT)
+    measurement = Holder("measure")
+    stage.process.kill()
+    stage.process.join(WAIT)
+    assert measurement.entered.wait(WAIT)
+    measurement.done()
