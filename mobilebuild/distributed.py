@@ -69,7 +69,7 @@ def build_on_worker(request, files, cache_url, key, python=None):
         if set(reply) & {"error", "oserror", "crash"}:
             return reply
         os.replace(output.with_name(f".{output.name}.partial"), output)
-        shared.store(key, {"artifact": output}, {"verdict": reply["verdict"]})
+        shared.store(key, {"artifact": output})
         return reply
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

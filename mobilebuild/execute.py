@@ -29,20 +29,16 @@ def run_node(node):
     user mistake."""
     started = time.perf_counter()
     shared, key = _cache_entry(node)
-    if key is not None:
-        found = shared.fetch(key, {"artifact": Path(node.output)})
-        if found is not None:
-            print(f"   {node.output} (from the cache)", flush=True)
-            return _result(node, found.get("verdict"))
+    if key is not None and shared.fetch(key, {"artifact": Path(node.output)}) is not None:
+        print(f"   {node.output} (from the cache)", flush=True)
+        return None
     remote = distributed.address() is not None and node.stage not in IN_PROCESS
     try:
         if remote:
-            verdict = _build_remotely(node, shared, key)
+            _build_remotely(node, shared, key)
         else:
             with store.atomic_output(node.output) as tmp:
-                # A stage returns a message when what it wrote is a bad result rather than a broken input
-                # (a verification below threshold): the file is kept, and the task still fails.
-                verdict = _run_stage(node, tmp)
+                _run_stage(node, tmp)
     except MobileBuildError as exc:
         exc.field = recipe_field(exc.field, node.fields)
         return TaskFailed(str(exc.located(node.recipe_file)))
@@ -54,12 +50,22 @@ def run_node(node):
     print(f"   {node.output} ({size / 1e6:.2f} MB, {time.perf_counter() - started:.1f} s)", flush=True)
     if key is not None and not remote:  # a Dask worker has stored it
         with contextlib.suppress(OSError):  # an unwritable cache costs the next build time, never this one
-            shared.store(key, {"artifact": Path(node.output)}, {"verdict": verdict})
-    return _result(node, verdict)
+            shared.store(key, {"artifact": Path(node.output)})
+    return None
 
 
-def _result(node, verdict):
-    return TaskFailed(f"{node.recipe_file}: {verdict}") if verdict else None
+def check_verified(results, recipe_file):
+    """verified:<recipe>: one line per target whose verification failed ({target: result path}), or None. A
+    verification below its thresholds is a result, recorded in the manifest and the report; this is what makes
+    the build fail for it."""
+    failed = []
+    for target, path in results.items():
+        with open(path) as handle:
+            result = json.load(handle)
+        if result["status"] == "failed":
+            failed.append(f"{recipe_file}: {target}: verification failed: {'; '.join(result['failures'])} "
+                          f"(thresholds: verify.thresholds.{result['precision']})")
+    return TaskFailed("\n".join(failed)) if failed else None
 
 
 @functools.cache
@@ -90,10 +96,11 @@ def _cache_entry(node):
 def _run_stage(node, output):
     if node.stage in IN_PROCESS:
         module = importlib.import_module(IN_PROCESS[node.stage])
-        return module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, output)
+        module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, output)
+        return
     reply = worker.call({"stage": node.stage, "inputs": node.inputs, "config": node.config,
                          "output": str(output), "root": os.getcwd()}, python=node.interpreter)
-    return _verdict(node, reply)
+    _raise_failure(node, reply)
 
 
 def _build_remotely(node, shared, key):
@@ -101,15 +108,13 @@ def _build_remotely(node, shared, key):
     if key is None:
         raise MobileBuildError("a build on Dask moves files through the shared artifact cache, which is off "
                                "(MOBILEBUILD_CACHE): point it at storage every worker can reach")
-    reply = distributed.run_remote(node, shared, key, python=node.interpreter)
-    verdict = _verdict(node, reply)
+    _raise_failure(node, distributed.run_remote(node, shared, key, python=node.interpreter))
     if shared.fetch(key, {"artifact": Path(node.output)}) is None:
         raise RuntimeError(f"{node.task_name}: built on a Dask worker but not found in the cache {shared.location}")
-    return verdict
 
 
-def _verdict(node, reply):
-    """A stage worker's reply as the stage's verdict, or the exception a local stage would have raised."""
+def _raise_failure(node, reply):
+    """Print what the stage printed in its worker; raise what a failing stage would have raised here."""
     sys.stdout.write(reply["printed"])
     if "error" in reply:
         raise MobileBuildError(**reply["error"])
@@ -118,7 +123,6 @@ def _verdict(node, reply):
         raise OSError(problem["errno"], problem["strerror"] or problem["text"], problem["filename"])
     if "crash" in reply:  # a bug of mobilebuild's, not the user's: the traceback is for us
         raise RuntimeError(f"{node.task_name} crashed in its worker:\n{reply['crash']}")
-    return reply["verdict"]
 
 
 def recipe_field(field, fields):

@@ -45,7 +45,7 @@ def enter_root(root):
 
 
 def run_stage(stage, inputs, config, output, root):
-    """Run one stage function; return its verdict (None, or a message for a bad result it still wrote)."""
+    """Run one stage function, then make its output reproducible."""
     from mobilebuild import reproducible  # torch
 
     enter_root(root)
@@ -53,13 +53,12 @@ def run_stage(stage, inputs, config, output, root):
         for category, module in _QUIET:
             warnings.filterwarnings("ignore", category=category, module=module)
         module = importlib.import_module(f"mobilebuild.stages.{stage}")
-        verdict = module.run({role: Path(p) for role, p in inputs.items()}, config, Path(output))
+        module.run({role: Path(p) for role, p in inputs.items()}, config, Path(output))
     reproducible.normalize_archive(output, root)
-    return verdict
 
 
 def handle(request):
-    """A request from the build -> its reply: the verdict, a user error, an OS error, or a crash's traceback, and
+    """A request from the build -> its reply: empty, a user error, an OS error, or a crash's traceback, and
     what the stage printed, which the build prints as the task's output (doit may capture it, e.g. `-r json`)."""
     printed = io.StringIO()
     alongside = contextlib.nullcontext() if request["stage"] in MEASURING else host_lock.stage_running()
@@ -71,7 +70,8 @@ def handle(request):
 
 def _outcome(request):
     try:
-        return {"verdict": run_stage(**request)}
+        run_stage(**request)
+        return {}
     except MobileBuildError as exc:
         return {"error": {"message": exc.message, "field": exc.field, "file": exc.file}}
     except OSError as exc:

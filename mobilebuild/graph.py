@@ -28,7 +28,6 @@ class Node:
     inputs: dict  # role -> output path of an upstream node
     output: str
     files: tuple = ()  # files from outside the graph that the node reads
-    observes: tuple = ()  # results read when present, without waiting for them (they may fail: see tasks.py)
     describes: dict = field(default_factory=dict)  # backend/runtime, for the manifest
     # Where settings a stage names by their recipe-level field sit for this node, when elsewhere: a target's own
     # `prune` or `quantize`, the target itself for "targets". Not part of the key: reordering targets rebuilds nothing.
@@ -191,7 +190,8 @@ def recipe_nodes(recipe, root):
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
                         "device_only": route.device_only, "delegate": final.config.get("delegate"),
-                        "pruning": target.prune or None, "quantization": quantization})
+                        "pruning": target.prune or None, "quantization": quantization,
+                        "interpreter": final.interpreter})
     if problems:
         raise RecipeErrors(problems)
 
@@ -205,8 +205,7 @@ def recipe_nodes(recipe, root):
                                  if n.stage == "verify"},
                 "benchmarks": {n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
                                if n.stage == "bench"}},
-        inputs={n.task_name: n.output for n in artifacts}, output=f"{out}/manifest.json",
-        observes=tuple(n.output for n in results), **common)
+        inputs={n.task_name: n.output for n in artifacts + results}, output=f"{out}/manifest.json", **common)
     return artifacts + results + [manifest]
 
 

@@ -35,6 +35,15 @@ def read_result(path, subject):
     return result if result.get("artifact_sha256") == store.sha256_file(subject) else None
 
 
+def _target(target, verification):
+    described = {key: value for key, value in target.items() if key != "interpreter"}  # a path of this machine's
+    described.update(path=relative(target["path"]), bytes=os.path.getsize(target["path"]),
+                     status=(verification or {}).get("status", "not verified"))
+    if target["interpreter"]:  # built by another interpreter (`toolchain:`): its versions, not this one's
+        described["toolchain"] = toolchain.versions(target["interpreter"])
+    return described
+
+
 def run(inputs, config, output):
     subjects = {t["target"]: t["path"] for t in config["targets"]}
     verification = {target: read_result(path, subjects[target]) for target, path in config["verification"].items()}
@@ -46,9 +55,7 @@ def run(inputs, config, output):
         "recipe_sha256": config["recipe_sha256"],
         "toolchain": toolchain.versions(),
         "artifacts": [describe(entry) for entry in config["artifacts"]],
-        "targets": [{**t, "path": relative(t["path"]), "bytes": os.path.getsize(t["path"]),
-                     "status": (verification[t["target"]] or {}).get("status", "not verified")}
-                    for t in config["targets"]],
+        "targets": [_target(t, verification[t["target"]]) for t in config["targets"]],
         "verification": {k: v for k, v in verification.items() if v is not None},
         "benchmarks": {k: v for k, v in benchmarks.items() if v is not None},
     }

@@ -180,7 +180,7 @@ def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
         "target": target_id,
         **{key: target.get(key) for key in TARGET_KEYS},
         "chain": chain,
-        "toolchain": manifest["toolchain"],
+        "toolchain": target.get("toolchain", manifest["toolchain"]),
         "verification": _summary(manifest.get("verification", {}).get(target_id), VERIFICATION_KEYS),
         "benchmark": _summary(manifest.get("benchmarks", {}).get(target_id), BENCHMARK_KEYS),
     }

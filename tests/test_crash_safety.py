@@ -8,7 +8,7 @@
 - A parallel build (`doit -n 2`, processes) and a build in another checkout give the serial build's bytes.
 - A build killed after writing an artifact of a changed recipe, then the change reverted, rebuilds that artifact
   (tasks.py TargetIntact: doit records a run's results only when it ends).
-- Known bug, as a strict xfail: the manifest of a parallel build misses results that finish after it.
+- The manifest of a parallel build records every result (it used to miss those that finished after it).
 
 Artifacts are compared byte for byte, except the benchmark results and the manifest, whose timings legitimately
 vary: those are compared with their timing numbers left out (what was timed, its hash and size, must still match).
@@ -351,11 +351,6 @@ def test_a_parallel_build_gives_the_serial_builds_bytes(parallel_build, clean_bu
           f"{len(prints) - exact_files(prints)} results identical apart from timings (manifest aside)")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the manifest node only `observes` the verify/bench results (graph.py, manifest node: observes=...; "
-    "tasks.py ObservedFiles) without depending on them, so under `doit -n 2` manifest:tiny runs as soon as the "
-    ".ptl files exist, before the last verify/bench tasks finish: manifest.json and the report miss those results "
-    "and the next run rebuilds manifest:tiny and render_report"))
 def test_a_parallel_build_records_every_result_in_the_manifest(parallel_build, clean_build):
     manifest = json.loads((parallel_build / "artifacts" / RECIPE / "manifest.json").read_text())
     assert sorted(manifest["benchmarks"]) == ["eager", "qnnpack", "xnnpack"]

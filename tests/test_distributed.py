@@ -112,7 +112,7 @@ def test_a_worker_lost_mid_task_is_rerun_and_nothing_half_stored(cluster, tmp_pa
     reply = remote.run_remote(node, shared, key)
 
     assert os.path.exists(marker), "the first attempt did not run"
-    assert reply["verdict"] is None
+    assert not set(reply) & {"error", "oserror", "crash"}, reply
     fetched = tmp_path / "fetched.pt"
     assert shared.fetch(key, {"artifact": fetched}) is not None
     assert fetched.read_bytes() == reference.artifact("tiny/fused.pt").read_bytes()

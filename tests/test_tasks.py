@@ -12,7 +12,7 @@ from mobilebuild import store
 ALL_TASKS = sorted([
     "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
     "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "verify:tiny-xnnpack", "verify:tiny-qnnpack",
-    "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny",
+    "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny", "verified:tiny",
 ])
 
 
@@ -37,7 +37,8 @@ def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 3, "seed": 0}})
     project.write_recipe(changed)
     assert project.doit() == ["bench:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
-                              "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verify:tiny-qnnpack"]
+                              "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",
+                              "verify:tiny-qnnpack"]
 
 
 def test_changing_one_targets_blocklist_rebuilds_that_target_alone(project):
@@ -45,7 +46,8 @@ def test_changing_one_targets_blocklist_rebuilds_that_target_alone(project):
     project.doit()
     targets = [{"backend": "xnnpack", "optimize": {"blocklist": ["INSERT_FOLD_PREPACK_OPS"]}}, {"backend": "qnnpack"}]
     project.write_recipe(tiny_recipe(targets=targets))
-    assert project.doit() == ["bench:tiny-xnnpack", "manifest:tiny", "optimize:tiny-xnnpack", "verify:tiny-xnnpack"]
+    assert project.doit() == ["bench:tiny-xnnpack", "manifest:tiny", "optimize:tiny-xnnpack", "verified:tiny",
+                              "verify:tiny-xnnpack"]
 
 
 def test_changing_the_factory_source_rebuilds_from_the_checkpoint(project):
@@ -110,12 +112,18 @@ def test_a_failing_verification_fails_with_its_numbers_and_is_marked_in_the_mani
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
     assert len(errors) == 1, result.stderr
-    assert errors[0].startswith("ERROR: verify:tiny-qnnpack: recipes/tiny.yaml: verification failed: sqnr_db ")
+    assert errors[0].startswith("ERROR: verified:tiny: recipes/tiny.yaml: qnnpack: verification failed: sqnr_db ")
     assert "< 200 (thresholds: verify.thresholds.int8)" in errors[0]
     manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
     assert {t["target"]: t["status"] for t in manifest["targets"]} == {"xnnpack": "passed", "qnnpack": "failed"}
     assert manifest["verification"]["qnnpack"]["failures"][0].startswith("sqnr_db ")
     assert "FAILED" in (project.root / "artifacts" / "report.md").read_text()
+    # nothing is rebuilt or re-measured, and the build keeps failing until the recipe changes
+    again = project.run("-r", "json")
+    assert again.returncode != 0
+    ran = [t["name"] for t in json.loads(again.stdout)["tasks"] if t["result"] != "up-to-date" and ":" in t["name"]]
+    assert ran == ["verified:tiny"]
+    assert project.run("verify").returncode != 0
 
     project.write_recipe(tiny_recipe())  # thresholds back to the defaults
     assert "verify:tiny-qnnpack" in project.doit()

@@ -1,10 +1,13 @@
 """GPU targets of PyTorch Mobile on a stock torch, and a target built by another interpreter (`toolchain:`)."""
 
+import json
 import stat
 import sys
 
 import pytest
 from conftest import Project, tiny_recipe
+
+from mobilebuild import release
 
 
 @pytest.mark.parametrize(("backend", "build"), [("vulkan", "USE_VULKAN=1"), ("metal", "Metal export ops")])
@@ -20,9 +23,11 @@ def test_gpu_optimize_on_a_stock_torch_fails_in_one_line_naming_the_build(projec
     assert not project.artifact(f"tiny/tiny-{backend}.ptl").exists()
 
 
-def interpreter_wrapper(path, marker):
-    """An interpreter of its own for the test: this Python behind a script that leaves a mark when it starts."""
-    path.write_text(f"#!/bin/sh\necho started >> {marker}\nexec {sys.executable} \"$@\"\n")
+def interpreter_wrapper(path, marker, site=None):
+    """An interpreter of its own for the test: this Python behind a script that leaves a mark when it starts, with
+    `site` (distributions of other versions) first on its path."""
+    prefix = f"PYTHONPATH={site}:$PYTHONPATH " if site else ""
+    path.write_text(f"#!/bin/sh\necho started >> {marker}\n{prefix}exec {sys.executable} \"$@\"\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
 
@@ -49,3 +54,25 @@ def test_a_toolchain_that_is_not_an_interpreter_is_one_line(project, tmp_path):
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "recipes/tiny.yaml: targets[0].toolchain: ../no/python is not an executable Python interpreter" in \
         result.stderr
+
+
+def test_the_manifest_and_the_release_name_the_toolchain_that_built_a_target(tmp_path):
+    """The toolchain's own versions, told apart here by an onnx distribution of version 99.0 only it can see."""
+    project = Project(tmp_path / "repo")
+    site = tmp_path / "other-site"
+    (site / "onnx-99.0.dist-info").mkdir(parents=True)
+    (site / "onnx-99.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: onnx\nVersion: 99.0\n")
+    interpreter_wrapper(tmp_path / "python-other", tmp_path / "marks", site)
+    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack", "toolchain": str(tmp_path / "python-other")},
+                                              {"backend": "qnnpack"}]))
+    result = project.run(env={"MOBILEBUILD_CACHE": "off"})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
+    targets = {t["target"]: t for t in manifest["targets"]}
+    assert targets["xnnpack"]["toolchain"]["onnx"] == "99.0"
+    assert "toolchain" not in targets["qnnpack"] and manifest["toolchain"]["onnx"] != "99.0"
+    assert str(tmp_path) not in project.artifact("tiny/manifest.json").read_text()
+    files = release.collect(project.root, tmp_path / "release")["files"]
+    assert files["tiny/tiny-xnnpack.ptl"]["toolchain"] == targets["xnnpack"]["toolchain"]
+    assert files["tiny/tiny-qnnpack.ptl"]["toolchain"] == manifest["toolchain"]

@@ -68,10 +68,6 @@ def run(inputs, config, output):
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True, allow_nan=False)
     _say(result)
-    if result["status"] == "failed":
-        return (f"verification failed: {'; '.join(result['failures'])} "
-                f"(thresholds: verify.thresholds.{config['precision']})")
-    return None
 
 
 def _say(result):
