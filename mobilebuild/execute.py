@@ -163,6 +163,22 @@ def write_report():
     report.main(graph.ARTIFACTS_DIR)
 
 
+def write_report_despite(failures):
+    """The report of a run in which failures ({task name: doit's failure}) kept the report task from running:
+    written from the recipes that built, with the others listed by their errors instead of earlier results. On
+    stderr: stdout may carry a JSON report (`doit -r json`)."""
+    from mobilebuild import report, tasks
+
+    recipes = {node.task_name: node.recipe for node in tasks.project_nodes(os.getcwd())}
+    unbuilt = {}
+    for name, failure in failures.items():
+        if name in recipes:
+            unbuilt.setdefault(recipes[name], []).append(f"{name}: {failure.message.strip().splitlines()[0]}")
+    if unbuilt:
+        with contextlib.redirect_stdout(sys.stderr):
+            report.main(graph.ARTIFACTS_DIR, unbuilt)
+
+
 def clean_plots():
     plots = Path(graph.ARTIFACTS_DIR) / "plots"
     shutil.rmtree(plots, ignore_errors=True)

@@ -12,10 +12,15 @@ No torch or executorch import here: finding the file costs nothing, so any entry
 
 import contextlib
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
 FLATC_VARIABLE = "FLATC_EXECUTABLE"
+
+# torchao, which ExecuTorch imports, registers an Enum with torch's pytree, and torch logs a deprecation warning about
+# it in every process that lowers or runs a .pte: a line in every build log that says nothing about the user's model.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 def shipped_flatc():

@@ -433,9 +433,12 @@ def _summary(section):
     return f"{recipe}: {len(rows) - 1} target(s){': ' + counts if counts else ''}"
 
 
-def build(manifests):
-    """The whole report as data, rendered alike to Markdown and HTML: both always say the same thing."""
-    sections, summary, toolchains, hosts = [], [], [], []
+def build(manifests, unbuilt=None):
+    """The whole report as data, rendered alike to Markdown and HTML: both always say the same thing. `unbuilt`:
+    {recipe: [error line, ...]} for recipes that failed to build, listed in the summary."""
+    sections, toolchains, hosts = [], [], []
+    summary = [f"{recipe}: NOT BUILT, {len(errors)} error(s): {'; '.join(errors)}"
+               for recipe, errors in sorted((unbuilt or {}).items())]
     for manifest in manifests:
         section = _section(manifest)
         sections.append(section)
@@ -648,10 +651,10 @@ def plot_size_latency(recipe, rows):
 # ------------------------------------------------------------------------------------------------- entry points
 
 
-def write_report(manifests, out_dir):
+def write_report(manifests, out_dir, unbuilt=None):
     """Write out_dir/report.md, out_dir/report.html and out_dir/plots/*.png; return the paths written."""
     out_dir = Path(out_dir)
-    report = build(manifests)
+    report = build(manifests, unbuilt)
     written = []
     for section in report.sections:
         for plot in section.plots:
@@ -681,12 +684,15 @@ def load_manifests(artifacts_dir):
     return sorted(found, key=_recipe_name)
 
 
-def main(artifacts_dir="artifacts"):
-    manifests = load_manifests(artifacts_dir)
-    if not manifests:
+def main(artifacts_dir="artifacts", unbuilt=None):
+    """Write the report from every recipe's manifest; `unbuilt` as in build(), whose manifests, if any, are left
+    out: they describe an earlier build."""
+    unbuilt = unbuilt or {}
+    manifests = [m for m in load_manifests(artifacts_dir) if _recipe_name(m) not in unbuilt]
+    if not manifests and not unbuilt:
         print(f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)", file=sys.stderr)
         return 2
-    written = write_report(manifests, artifacts_dir)
+    written = write_report(manifests, artifacts_dir, unbuilt)
     plots = sum(1 for path in written if path.suffix == ".png")
     print(f"wrote {Path(artifacts_dir) / 'report.html'} and report.md ({len(manifests)} recipe(s), {plots} plot(s) "
           f"in {Path(artifacts_dir) / PLOTS_DIR})")

@@ -1,5 +1,6 @@
 """doit's console reporter, with user mistakes shown as one line on stderr instead of a failure dump; and doit's
-other reporters, each taking the build lock."""
+other reporters. Every one of them takes the build lock, and writes the report at the end of a run in which a
+broken recipe kept doit from writing it."""
 
 import sys
 
@@ -10,12 +11,33 @@ from doit.reporter import ConsoleReporter
 from mobilebuild.lock import hold_build_lock
 
 
-class Reporter(ConsoleReporter):
-    desc = "console output; recipe mistakes as one line each; one build at a time"
+class RunHooks:
+    """Mixed into each reporter: doit calls a reporter exactly when tasks are about to run, for every failure, and
+    once the run is over, with whichever reporter (`-r json`...) the build uses."""
 
     def initialize(self, tasks, selected_tasks):
-        hold_build_lock()  # doit calls this only when it is about to run tasks: listing never waits
-        super().initialize(tasks, selected_tasks)
+        hold_build_lock()  # only when tasks are about to run: listing never waits
+        self.failed = {}
+        if hasattr(super(), "initialize"):
+            super().initialize(tasks, selected_tasks)
+
+    def add_failure(self, task, fail):
+        self.failed[task.name] = fail
+        super().add_failure(task, fail)
+
+    def complete_run(self):
+        super().complete_run()
+        # The report depends on every recipe's manifest, so one recipe that failed to build keeps doit from writing
+        # it; the others' results are worth seeing, and only once the run is over is nothing left to wait for.
+        if isinstance(getattr(self, "failed", {}).get("render_report"), UnmetDependency):
+            from mobilebuild.execute import write_report_despite  # matplotlib, and the graph: only now
+
+            write_report_despite({name: fail for name, fail in self.failed.items()
+                                  if not isinstance(fail, UnmetDependency)})
+
+
+class Reporter(RunHooks, ConsoleReporter):
+    desc = "console output; recipe mistakes as one line each; one build at a time"
 
     def _write_failure(self, result, write_exception=True):
         failure = result["exception"]
@@ -30,16 +52,10 @@ class Reporter(ConsoleReporter):
 
 
 def _one_build_at_a_time(base):
-    """doit's own reporter `base`, taking the build lock when tasks are about to run, like Reporter: the lock rides
-    on the reporter because doit calls it exactly then, whichever reporter (`-r json`...) the build uses."""
+    """doit's own reporter `base`, with the RunHooks of Reporter."""
 
-    class Locked(base):
+    class Locked(RunHooks, base):
         desc = f"{base.desc}; one build at a time"
-
-        def initialize(self, tasks, selected_tasks):
-            hold_build_lock()
-            if hasattr(super(), "initialize"):
-                super().initialize(tasks, selected_tasks)
 
     Locked.__name__ = Locked.__qualname__ = base.__name__
     return Locked

@@ -29,6 +29,7 @@ from conftest import TINYNET, Project, tiny_recipe
 from mobilebuild import store
 
 CORPUS = Path(__file__).with_name("corpus")
+REPORT = ("report.md", "report.html", "plots/")  # below artifacts/
 CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "case.yaml").is_file())
 MOBILEBUILD = str(Path(sys.executable).with_name("mobilebuild"))
 MARKER = "code-was-run"  # what a checkpoint carrying code would create if it were ever unpickled
@@ -211,6 +212,11 @@ def test_bad_input_fails_in_one_clear_line_and_writes_nothing(name, good_project
         unmatched.remove(found[0])
 
     after = sha256_tree(root / "artifacts")
+    # The report covers every recipe: a run that failed rewrites it, naming the recipe it could not build.
+    if after.get("report.md") != before.get("report.md"):
+        assert " NOT BUILT, " in (root / "artifacts" / "report.md").read_text(), output
+    before, after = ({path: digest for path, digest in tree.items() if not path.startswith(REPORT)}
+                     for tree in (before, after))
     assert {path: after.get(path) for path in before} == before, "an existing artifact changed or vanished"
     assert set(after) - set(before) == set(case.get("writes", [])), output  # paths below artifacts/
     assert not [p for p in root.rglob(f"*{store.TEMP_MARKER}*")], "a temporary file was left behind"

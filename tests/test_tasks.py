@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from conftest import tiny_recipe
+from conftest import REPO, tiny_recipe
 
 from mobilebuild import store
 
@@ -143,7 +143,11 @@ def test_a_bad_checkpoint_fails_in_one_line_and_leaves_no_artifact(project):
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
     assert len(errors) == 1
     assert errors[0].startswith("ERROR: checkpoint:tiny: recipes/tiny.yaml: model.checkpoint: ")
-    assert not [p for p in (project.root / "artifacts").rglob("*") if p.is_file()]
+    written = {p.relative_to(project.root / "artifacts").as_posix() for p in (project.root / "artifacts").rglob("*")
+               if p.is_file()}
+    assert written == {"report.md", "report.html"}  # which says so: "tiny: NOT BUILT, 1 error(s): checkpoint:tiny..."
+    assert "- tiny: NOT BUILT, 1 error(s): checkpoint:tiny: recipes/tiny.yaml: model.checkpoint: " in \
+        project.artifact("report.md").read_text()
 
 
 def test_an_invalid_recipe_stops_loading_with_one_line_per_problem(project):
@@ -209,8 +213,10 @@ def test_a_build_with_another_reporter_holds_the_lock_too(project):
 
     project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}]))
     commands = [[sys.executable, "-m", "mobilebuild.cli", "-r", "json"], [sys.executable, "-m", "mobilebuild.cli"]]
-    processes = [subprocess.Popen(command, cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for command in commands]
+    # cold builds (no artifact cache): long enough that the second surely starts while the first runs
+    env = {**os.environ, "MOBILEBUILD_CACHE": "off"}
+    processes = [subprocess.Popen(command, cwd=project.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env) for command in commands]
     outputs = [process.communicate(timeout=600) for process in processes]
     assert [process.returncode for process in processes] == [0, 0], outputs
     assert sum("another build is running in this repository" in err for _, err in outputs) == 1
@@ -218,3 +224,28 @@ def test_a_build_with_another_reporter_holds_the_lock_too(project):
     ran_first = [t["name"] for t in report["tasks"] if t["result"] == "success" and ":" in t["name"] and t["started"]]
     ran_second = [line for line in outputs[1][0].splitlines() if line.startswith(".  ")]
     assert not (ran_first and ran_second and {f".  {name}" for name in ran_first} & set(ran_second))
+
+
+def test_a_recipe_that_fails_to_build_does_not_cost_the_others_their_report(project):
+    """The report depends on every manifest; when a broken recipe keeps doit from writing it, the reporter writes it
+    once the run is over, from the recipes that built (in parallel too, and with the JSON reporter on stdout)."""
+    # the reporters as the README tells a repository to register them, as this one does
+    sections = (REPO / "pyproject.toml").read_text().split("\n\n")
+    (project.root / "pyproject.toml").write_text(next(s for s in sections if "[tool.doit.plugins.reporter]" in s))
+    project.write_recipe(tiny_recipe())
+    broken = tiny_recipe(name="broken")
+    broken["model"]["kwargs"] = {"width": -1}
+    project.write_recipe(broken)
+    result = project.run("-r", "json", "-n", "2")
+    assert result.returncode != 0
+    assert {t["name"]: t["result"] for t in json.loads(result.stdout)["tasks"]}["manifest:tiny"] == "success"
+    markdown = project.artifact("report.md").read_text()
+    assert "## tiny" in markdown and "## broken" not in markdown
+    assert ("- broken: NOT BUILT, 1 error(s): checkpoint:broken: recipes/broken.yaml: model.factory: tinynet:make"
+            "(**kwargs) raised RuntimeError: ") in markdown
+    assert "broken: NOT BUILT" in project.artifact("report.html").read_text()
+
+    project.write_recipe(tiny_recipe(name="broken"))
+    project.doit()
+    markdown = project.artifact("report.md").read_text()
+    assert "NOT BUILT" not in markdown and "## broken" in markdown and "## tiny" in markdown
