@@ -21,8 +21,9 @@ def hold_build_lock(root="."):
     except BlockingIOError:
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
+        # the real stderr: doit's JSON reporter swaps sys.stderr for a buffer it reports only at the end
         print(f"another build is running in this repository (pid {holder}, {LOCK_FILE}); waiting for it to finish",
-              file=sys.stderr, flush=True)
+              file=sys.__stderr__, flush=True)
         fcntl.flock(handle, fcntl.LOCK_EX)
     handle.seek(0)
     handle.truncate()

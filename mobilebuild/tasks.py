@@ -180,14 +180,12 @@ def task_verify():
 def task_verified():
     """Fail for each artifact whose verification failed. Failing verify tasks would keep the manifest and the
     report, which depend on every result, from recording the failure."""
-    results = {}
     for node in project_nodes(os.getcwd()):
-        if node.stage == "verify":
-            results.setdefault((node.recipe, node.recipe_file), {})[node.name.removeprefix(f"{node.recipe}-")] = \
-                node.output
-    for (name, recipe_file), paths in results.items():
-        yield {"name": name, "actions": [(check_verified, [paths, recipe_file])], "file_dep": list(paths.values()),
-               "doc": f"fails when an artifact of {recipe_file} failed verification"}
+        if node.stage == "manifest":
+            results = node.config["verification"]  # target -> its verify result
+            yield {"name": node.recipe, "actions": [(check_verified, [results, node.recipe_file])],
+                   "file_dep": list(results.values()),
+                   "doc": f"fails if an artifact of {node.recipe_file} failed verification"}
 
 
 def task_bench():
