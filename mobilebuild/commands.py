@@ -12,8 +12,10 @@ from mobilebuild import graph, store
 PLUGINS = {"report": "mobilebuild.commands:Report", "graph": "mobilebuild.commands:Graph"}
 
 STAGE_COLOURS = {
-    "train": "#f4cccc", "checkpoint": "#fce5cd", "fuse": "#fff2cc", "quantize": "#d9ead3", "script": "#d0e0e3",
-    "optimize": "#c9daf8", "verify": "#d9d2e9", "bench": "#ead1dc", "manifest": "#eeeeee", "report": "#cccccc",
+    "train": "#f4cccc", "checkpoint": "#fce5cd", "prune": "#f9cb9c", "fuse": "#fff2cc", "quantize": "#d9ead3",
+    "script": "#d0e0e3", "optimize": "#c9daf8", "nnapi": "#a4c2f4", "lower": "#9fc5e8", "export": "#a2c4c9",
+    "verify": "#d9d2e9", "verified": "#b4a7d6", "bench": "#ead1dc", "manifest": "#eeeeee", "render_report": "#cccccc",
+    "release": "#b6d7a8",
 }
 
 
