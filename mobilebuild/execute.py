@@ -173,7 +173,8 @@ def write_report_despite(failures):
     unbuilt = {}
     for name, failure in failures.items():
         if name in recipes:
-            unbuilt.setdefault(recipes[name], []).append(f"{name}: {failure.message.strip().splitlines()[0]}")
+            first_line = next(iter(failure.message.strip().splitlines()), "failed")
+            unbuilt.setdefault(recipes[name], []).append(f"{name}: {first_line}")
     if unbuilt:
         with contextlib.redirect_stdout(sys.stderr):
             report.main(graph.ARTIFACTS_DIR, unbuilt)
