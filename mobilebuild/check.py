@@ -38,7 +38,7 @@ import torch
 import torch.backends.xnnpack
 from torch import nn
 
-from mobilebuild import backends, recipe, toolchain
+from mobilebuild import backends, host_lock, recipe, toolchain
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.stages import checkpoint, export, fuse, lower, modeling, nnapi, optimize, quantize
 
@@ -669,7 +669,8 @@ def check_command(argv):
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code
     try:
-        report = run(options.recipe, Path.cwd(), targets=options.target)
+        with host_lock.stage_running():  # it converts and lowers models, as stages do: benchmarks measure alone
+            report = run(options.recipe, Path.cwd(), targets=options.target)
     except RecipeErrors as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
