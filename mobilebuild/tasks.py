@@ -20,21 +20,32 @@ __all__ = ["DOIT_CONFIG", "task_train", "task_checkpoint", "task_prune", "task_f
 
 
 
+def file_state(path, stat):
+    """(timestamp, size, sha256): what content_changed compares a file with later."""
+    return stat.st_mtime, stat.st_size, store.sha256_file(path)
+
+
+def content_changed(path, stat, state):
+    """Whether the file at `path` (now `stat`) differs from a file_state: by its size, or when its timestamp moved,
+    by its content. A file touched but unchanged has not changed; only a changed timestamp costs a hash."""
+    timestamp, size, digest = state
+    if stat.st_size != size:
+        return True
+    return stat.st_mtime != timestamp and digest != store.sha256_file(path)
+
+
 class ContentChecker(MD5Checker):
     """doit's default check (timestamp first, then content), with sha256 in place of md5: faster here, and shared
     through store.sha256_file with the manifest, so each artifact is hashed once per run."""
 
     def check_modified(self, file_path, file_stat, state):
-        timestamp, size, digest = state
-        if file_stat.st_mtime == timestamp:
-            return False
-        return file_stat.st_size != size or digest != store.sha256_file(file_path)
+        return content_changed(file_path, file_stat, state)
 
     def get_state(self, dep, current_state):
-        timestamp = os.path.getmtime(dep)
-        if current_state and current_state[0] == timestamp:
+        stat = os.stat(dep)
+        if current_state and current_state[0] == stat.st_mtime:
             return None
-        return timestamp, os.path.getsize(dep), store.sha256_file(dep)
+        return file_state(dep, stat)
 
 
 DOIT_CONFIG = {
@@ -88,10 +99,9 @@ class TargetIntact:
 
     def state(self):
         try:
-            stat = os.stat(self.path)
+            return file_state(self.path, os.stat(self.path))
         except FileNotFoundError:
             return None
-        return [stat.st_mtime_ns, stat.st_size, store.sha256_file(self.path)]
 
     def __call__(self, task, values):
         task.value_savers.append(lambda: {"target": self.state()})
@@ -100,9 +110,7 @@ class TargetIntact:
             stat = os.stat(self.path)
         except FileNotFoundError:
             return False
-        if recorded is None or recorded[1] != stat.st_size:
-            return False
-        return recorded[0] == stat.st_mtime_ns or recorded[2] == store.sha256_file(self.path)
+        return recorded is not None and not content_changed(self.path, stat, recorded)
 
 
 def _tasks(stage):
