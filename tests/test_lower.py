@@ -4,7 +4,9 @@ delegation summary read back from the file, reproducibility, and one-line errors
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,6 +194,30 @@ def test_flatc_workaround_with_the_variable_unset_and_byte_identical_across_proc
     for delegate in ("xnnpack", "coreml"):
         first, second = ((cwd / f"{delegate}.pte").read_bytes() for cwd in directories)
         assert len(first) > 1000 and first == second
+
+
+def test_core_ml_lowerings_of_one_model_never_share_a_scratch_directory(monkeypatch, tmp_path):
+    """ExecuTorch names its Core ML scratch directory after the model identifier, which we derive from the model: two
+    processes lowering one model (doit -n 2, two checkouts) shared it and deleted it under each other."""
+    from executorch.backends.apple.coreml.compiler import coreml_preprocess
+
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))
+    backend = coreml_preprocess.CoreMLBackend
+    save_metadata = backend.save_model_metadata
+    scratch = []
+
+    def recording(model_metadata, model_dir_path):
+        scratch.append(Path(model_dir_path))
+        assert not (shared_tmp / Path(model_dir_path).parent.name).exists()
+        return save_metadata(model_metadata=model_metadata, model_dir_path=model_dir_path)
+
+    monkeypatch.setattr(backend, "save_model_metadata", staticmethod(recording))
+    programs = [lower.lower_to_bytes(conv_bn(), NCHW, "coreml") for _ in range(2)]
+    assert programs[0] == programs[1]
+    assert len(scratch) == 2 and scratch[0] != scratch[1]
+    assert not any(path.exists() for path in scratch)
 
 
 def test_a_user_flatc_setting_is_kept(monkeypatch):

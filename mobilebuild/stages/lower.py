@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import logging
+import tempfile
 import threading
 import uuid
 import warnings
@@ -226,6 +227,19 @@ def reproducible_coreml(delegate):
 _COREML_PATCH_LOCK = threading.Lock()
 
 
+class _TempfileIn:
+    """The tempfile module, with gettempdir() answering one private directory."""
+
+    def __init__(self, directory):
+        self._directory = directory
+
+    def gettempdir(self):
+        return self._directory
+
+    def __getattr__(self, name):
+        return getattr(tempfile, name)
+
+
 @contextlib.contextmanager
 def _content_identified_coreml():
     from executorch.backends.apple.coreml.compiler import coreml_preprocess
@@ -246,12 +260,16 @@ def _content_identified_coreml():
             _serialize_specs_deterministically(path)
 
         mlmodel.save = save_normalized
-        real_uuid = coreml_preprocess.uuid
+        real_uuid, real_tempfile = coreml_preprocess.uuid, coreml_preprocess.tempfile
         coreml_preprocess.uuid = type("DerivedUuid", (), {"uuid4": staticmethod(lambda: identifier)})
-        try:
-            return original.__func__(mlmodel, model_type)
-        finally:
-            coreml_preprocess.uuid = real_uuid
+        # ExecuTorch works in <tmp>/executorch_<identifier> and removes it after: with a derived identifier, two
+        # processes lowering one model (doit -n, two checkouts) would share, and delete, each other's directory.
+        with tempfile.TemporaryDirectory(prefix="mobilebuild-coreml-") as scratch:
+            coreml_preprocess.tempfile = _TempfileIn(scratch)
+            try:
+                return original.__func__(mlmodel, model_type)
+            finally:
+                coreml_preprocess.uuid, coreml_preprocess.tempfile = real_uuid, real_tempfile
 
     backend.preprocess_model = staticmethod(preprocess_model)
     try:
