@@ -15,3 +15,25 @@ def test_artifacts_do_not_depend_on_the_hosts_thread_count(tmp_path):
         assert result.returncode == 0, result.stderr
     built = [p.artifact("perf_recipe/checkpoint.pt").read_bytes() for p in (one_core, four_cores)]
     assert built[0] == built[1]
+
+
+def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, monkeypatch):
+    """The worker skips the interpreter's slow teardown at exit, but not what libraries registered to run then:
+    coremltools removes the temporary .mlpackage of every model it converted."""
+    import torch
+    from torch import nn
+
+    from mobilebuild import worker
+
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), tmp_path / "model.pt")
+    config = {"delegate": "coreml", "input": {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}}
+    reply = worker.call({"stage": "lower", "inputs": {"model": str(tmp_path / "model.pt")}, "config": config,
+                         "output": str(tmp_path / "model.pte"), "root": str(tmp_path)})
+    assert set(reply) == {"printed"}, reply
+    assert (tmp_path / "model.pte").stat().st_size > 1000
+    assert list(private_tmp.rglob("*.mlpackage")), "the lowering left no package for the exit to remove"
+    worker.close_all()
+    assert not list(private_tmp.rglob("*.mlpackage"))
