@@ -26,7 +26,6 @@ import textwrap
 from pathlib import Path
 
 import yaml
-
 from _bench import PYTHON, REPO, bytecode_env, fail, interleave, measure, median, summary, table, verdict
 
 TARGET_RATIO = 2.0

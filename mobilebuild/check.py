@@ -231,7 +231,8 @@ def unfolded_batch_norms(fused, input_config):
         if producer is None or producer.kind() not in CONV_KINDS:
             continue
         layer, norm = _scope(producer), _scope(node)
-        named = isinstance(modules.get(layer), LAYERS) and isinstance(modules.get(norm), nn.modules.batchnorm._BatchNorm)
+        named = (isinstance(modules.get(layer), LAYERS)
+                 and isinstance(modules.get(norm), nn.modules.batchnorm._BatchNorm))
         remedy = (f"list [{layer}, {norm}] in the recipe's `fuse`" if named else
                   "fold it in the model (torch.nn.utils.fusion.fuse_conv_bn_eval)")
         found.append(finding(

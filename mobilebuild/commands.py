@@ -63,7 +63,8 @@ def dot_source(tasks):
     task that reads it, and along explicit task dependencies between such tasks."""
     made_by = {target: task.name for task in tasks for target in task.targets}
     shown = {task.name for task in tasks if task.actions}
-    lines = ["digraph mobilebuild {", "  rankdir=LR;", '  node [shape=box, style="rounded,filled", fontname=Helvetica];']
+    lines = ["digraph mobilebuild {", "  rankdir=LR;",
+             '  node [shape=box, style="rounded,filled", fontname=Helvetica];']
     for task in sorted(tasks, key=lambda t: t.name):
         if task.name not in shown:
             continue

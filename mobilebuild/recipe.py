@@ -356,8 +356,8 @@ def load_all(root, paths=None):
             problems.extend(exc.errors)
             continue
         if recipe.name in names:
-            problems.append(MobileBuildError(
-                f"duplicate recipe name {recipe.name!r} (also in {names[recipe.name]})", file=recipe.file, field="name"))
+            problems.append(MobileBuildError(f"duplicate recipe name {recipe.name!r} (also in {names[recipe.name]})",
+                                             file=recipe.file, field="name"))
             continue
         names[recipe.name] = recipe.file
         recipes.append(recipe)

@@ -4,12 +4,12 @@ the real graph."""
 import json
 
 import pytest
+import tiny_models
 import torch
 from conftest import tiny_recipe
 from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
-import tiny_models
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.metrics import sqnr_db
 from mobilebuild.stages import optimize, prune, quantize, script

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
 from torch.jit.mobile import _load_for_lite_interpreter
 
-from conftest import REPO
 from mobilebuild import recipe
 from mobilebuild.examples import digits
 from mobilebuild.metrics import sqnr_db

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import onnx
 import pytest
+import tiny_models
 import torch
 from torch import nn
 
-import tiny_models
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.metrics import sqnr_db
 from mobilebuild.runtimes import onnxruntime as ort_runtime

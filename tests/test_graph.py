@@ -29,8 +29,8 @@ def test_fused_model_is_shared_and_each_target_gets_its_chain(tmp_path):
 
 def test_the_manifest_waits_for_every_verification_and_benchmark(tmp_path):
     nodes = nodes_for(tmp_path, tiny_recipe())
-    results = {"artifacts/tiny/verify-xnnpack.json", "artifacts/tiny/verify-qnnpack.json",
-               "artifacts/tiny/bench-eager.json", "artifacts/tiny/bench-xnnpack.json", "artifacts/tiny/bench-qnnpack.json"}
+    results = {f"artifacts/tiny/{name}.json" for name in
+               ("verify-xnnpack", "verify-qnnpack", "bench-eager", "bench-xnnpack", "bench-qnnpack")}
     assert results <= set(nodes["manifest:tiny"].dependencies())
     assert nodes["verify:tiny-qnnpack"].config["thresholds"]["sqnr_db"] == 15
     assert nodes["verify:tiny-xnnpack"].config["thresholds"]["sqnr_db"] == 40

@@ -31,7 +31,8 @@ def test_defaults_come_from_the_schema(tmp_path):
     assert loaded.file == "recipes/tiny.yaml"
     assert loaded.fuse == "auto" and loaded.script == "script"
     assert loaded.input == {"shape": [1, 3, 4, 4], "dtype": "float32", "memory_format": "contiguous"}
-    assert loaded.quantize == {"mode": "static", "calibration": {"source": "random", "batches": 8, "seed": 0, "kwargs": {}}}
+    calibration = {"source": "random", "batches": 8, "seed": 0, "kwargs": {}}
+    assert loaded.quantize == {"mode": "static", "calibration": calibration}
     assert loaded.prune is False and loaded.targets[0].prune is False
     assert loaded.model["seed"] == 0 and loaded.model["quantizable"] is False
     assert loaded.targets[0].optimize == {"blocklist": [], "preserved_methods": [], "bundled_inputs": True}
@@ -51,7 +52,8 @@ def test_recipes_are_found_at_any_depth(tmp_path):
      "recipes/tiny.yaml: targets[2].runtime: expected one of"),
     (lambda r: r["input"].update(shape=[1, 3, "8", 8]), "recipes/tiny.yaml: input.shape[2]: expected integer, got str"),
     (lambda r: r.pop("name"), "recipes/tiny.yaml: (top level): missing required key 'name'"),
-    (lambda r: r["model"].update(torchvision="resnet18"), "recipes/tiny.yaml: model: expected exactly one model source"),
+    (lambda r: r["model"].update(torchvision="resnet18"),
+     "recipes/tiny.yaml: model: expected exactly one model source"),
     (lambda r: r["model"].update(checkpoint="w.pt", train={"function": "a:b"}),
      "recipes/tiny.yaml: model: 'checkpoint' and 'train' are exclusive"),
     (lambda r: r.update(fuse="yes"), "recipes/tiny.yaml: fuse: expected 'auto', false, or a list"),

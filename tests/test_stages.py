@@ -1,11 +1,11 @@
 """Stage functions on tiny models: numerics of every artifact against the eager model, and clear errors."""
 
 import pytest
+import tiny_models
 import torch
 from torch.jit.mobile import _load_for_lite_interpreter
 from torch.utils.mobile_optimizer import optimize_for_mobile
 
-import tiny_models
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.metrics import sqnr_db
 from mobilebuild.stages import checkpoint, fuse, modeling, optimize, quantize, script

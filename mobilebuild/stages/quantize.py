@@ -199,7 +199,9 @@ class _FailingCall(TorchFunctionMode):
 
 def _call_name(func):
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
-    return name.replace("TensorBase.", "Tensor.") if "." in name else f"{getattr(func, '__module__', None) or 'torch'}.{name}"
+    if "." in name:
+        return name.replace("TensorBase.", "Tensor.")
+    return f"{getattr(func, '__module__', None) or 'torch'}.{name}"
 
 
 def check_runs(model, input_config, engine, field):
