@@ -9,7 +9,7 @@ from doit.dependency import MD5Checker
 from doit.exceptions import InvalidDodoFile
 from doit.tools import config_changed
 
-from mobilebuild import graph, recipe, release, store
+from mobilebuild import distributed, graph, recipe, release, store
 from mobilebuild.errors import RecipeErrors
 from mobilebuild.execute import check_verified, clean_output, clean_plots, run_node, write_report
 from mobilebuild.reporter import Reporter
@@ -113,12 +113,20 @@ class TargetIntact:
         return recorded is not None and not content_changed(self.path, stat, recorded)
 
 
+def output_capture():
+    """doit captures a task's output by swapping sys.stdout for the task's run. In threads (`--dask` runs doit with
+    `-P thread`) the swaps overlap and are undone out of order, leaving one task's capture in place for good: output
+    went under other tasks, and `-r json` printed nothing and exited 3. There, output goes straight through."""
+    return {"capture": distributed.address() is None}
+
+
 def _tasks(stage):
     for node in project_nodes(os.getcwd()):
         if node.stage == stage:
             yield {
                 "name": node.name,
                 "actions": [(run_node, [node])],
+                "io": output_capture(),
                 "file_dep": node.dependencies(),
                 "targets": [node.output],
                 "uptodate": [config_changed(node.key()), TargetIntact(node.output)],
@@ -192,7 +200,7 @@ def task_verified():
         if node.stage == "manifest":
             results = node.config["verification"]  # target -> its verify result
             yield {"name": node.recipe, "actions": [(check_verified, [results, node.recipe_file])],
-                   "file_dep": list(results.values()),
+                   "io": output_capture(), "file_dep": list(results.values()),
                    "doc": f"fails if an artifact of {node.recipe_file} failed verification"}
 
 
@@ -212,6 +220,7 @@ def task_render_report():
     manifests = [n.output for n in project_nodes(os.getcwd()) if n.stage == "manifest"]
     return {
         "actions": [(write_report, [])],
+        "io": output_capture(),
         "file_dep": manifests,
         "targets": REPORT_TARGETS,
         "clean": [(clean_output, [path]) for path in REPORT_TARGETS] + [(clean_plots, [])],
@@ -222,7 +231,8 @@ def task_release():
     """Copy every built, verified artifact into release/ with release.json, after the build (`mobilebuild release`
     selects recipes and targets)."""
     manifests = [n.output for n in project_nodes(os.getcwd()) if n.stage == "manifest"]
-    return {"actions": [(release.task_action, [])], "task_dep": ["build"], "uptodate": [ObservedFiles(manifests)],
+    return {"actions": [(release.task_action, [])], "io": output_capture(), "task_dep": ["build"],
+            "uptodate": [ObservedFiles(manifests)],
             "targets": [f"{release.DEFAULT_OUT}/{release.RELEASE_FILE}"], "clean": [(release.remove, [])]}
 
 

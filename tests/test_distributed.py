@@ -2,6 +2,7 @@
 shared artifact cache, the same bytes and the same one-line errors as a local build."""
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -38,9 +39,14 @@ def test_a_build_on_dask_workers_gives_the_bytes_of_a_local_build(cluster, tmp_p
     on_dask, local = checkouts(tmp_path, "a", "b")
     started = time.time()
 
-    result = mobilebuild(on_dask.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(tmp_path / "c")})
+    # doit runs in threads there, and its output capture did not survive them: `-r json` printed nothing, exit 3
+    result = mobilebuild(on_dask.root, "build", "--dask", address, "-r", "json",
+                         env={"MOBILEBUILD_CACHE": str(tmp_path / "c")})
 
     assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert {task["result"] for task in report["tasks"]} == {"success"}
+    assert "artifacts/tiny/tiny-qnnpack.ptl (" in report["out"]
     ran = {task["key"].split("-")[0] for task in client.get_task_stream(start=started)}
     assert {"checkpoint:tiny", "fuse:tiny", "optimize:tiny", "verify:tiny", "bench:tiny"} <= ran
     assert on_dask.artifact("tiny/manifest.json").is_file() and (on_dask.root / "artifacts/report.html").is_file()
