@@ -101,6 +101,30 @@ def test_xnnpack_fp32_runs_on_host_and_matches_eager(tmp_path):
     assert summary["delegates"] == {"XnnpackBackend": 1} and summary["fallback_calls"] == 0
 
 
+RUN_IN_A_FRESH_PROCESS = textwrap.dedent("""
+    import os, sys, torch
+    from mobilebuild.runtimes import executorch as et_runtime
+    program = et_runtime.load(sys.argv[1], {})  # the thread pool as verification leaves it
+    print(tuple(program(torch.zeros(1, 3, 8, 8)).shape))
+    with et_runtime.without_cpuinfo_notes():
+        os.write(2, b"[cpuinfo_utils.cpp:87] Failed to open midr file\\nthe runtime's own error\\n")
+""")
+
+
+def test_the_runtimes_cpu_probing_notes_stay_out_of_the_logs_and_the_rest_does_not(tmp_path):
+    """ExecuTorch notes what it found of the CPU once per process, when a method first loads on its default thread
+    pool (verification leaves it so): only a fresh process shows whether that reaches the build's log."""
+    torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), tmp_path / "model.pt")
+    (tmp_path / "model.pte").write_bytes(lower.lower_to_bytes(torch.load(tmp_path / "model.pt", weights_only=False),
+                                                            {**NCHW, "shape": [1, 3, 8, 8]}, "xnnpack"))
+    result = subprocess.run([sys.executable, "-c", RUN_IN_A_FRESH_PROCESS, str(tmp_path / "model.pte")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(1, 4, 6, 6)"
+    assert "cpuinfo_utils" not in result.stderr
+    assert "the runtime's own error\n" in result.stderr
+
+
 def test_a_channels_last_input_config_still_gives_an_nchw_program_fully_delegated(tmp_path):
     model = fused(conv_bn())
     reference, output, path, _ = eager_and_program(tmp_path, model, NHWC)

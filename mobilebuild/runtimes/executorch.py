@@ -11,6 +11,10 @@ config: "timing": {"threads": n} sizes ExecuTorch's CPU thread pool (which XNNPA
 setting does not reach it).
 """
 
+import contextlib
+import os
+import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -20,6 +24,9 @@ from mobilebuild.executorch_setup import ensure_flatc
 from mobilebuild.stages import lower, modeling
 
 CHANNELS_LAST_DIM_ORDER = [0, 2, 3, 1]
+# What the runtime writes to the process's stderr when it first sizes its thread pool: the CPU facts it looked for
+# ("Failed to open midr file", "CPU info and manual query on # of cpus dont match" on every x86 host).
+CPUINFO_NOTES = b"[cpuinfo_utils.cpp:"
 
 
 def program_facts(data):
@@ -31,6 +38,34 @@ def program_facts(data):
     backends = sorted({delegate.id for delegate in plan.delegates})
     dim_orders = [list(getattr(plan.values[index].val, "dim_order", None) or []) for index in plan.inputs]
     return backends, dim_orders
+
+
+@contextlib.contextmanager
+def without_cpuinfo_notes():
+    """The runtime's CPU probing notes, which say nothing about the program, kept out of build logs. Native code
+    writes them to file descriptor 2: it goes through a pipe whose other lines are passed on as they come (a
+    crash's last words included)."""
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    stderr = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward():
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not line.startswith(CPUINFO_NOTES):
+                    os.write(stderr, line)
+
+    forwarding = threading.Thread(target=forward, daemon=True)
+    forwarding.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(stderr, 2)  # closes the pipe's last write end: the forwarding ends with the lines written
+        forwarding.join()
+        os.close(stderr)
 
 
 def _set_threads(config):
@@ -66,11 +101,12 @@ def load(path, config):
         raise MobileBuildError(f"{path} is not a readable ExecuTorch program: {modeling.first_line(exc)}",
                                field="targets") from None
     check_runs_here(path, backends)
-    _set_threads(config)
     from executorch.runtime import Runtime
 
-    program = Runtime.get().load_program(data)
-    method = program.load_method("forward")
+    with without_cpuinfo_notes():
+        _set_threads(config)
+        program = Runtime.get().load_program(data)
+        method = program.load_method("forward")
 
     def run(*inputs, _program=program):  # the method uses the program's memory: keep the program alive with it
         outputs = method.execute([_in_dim_order(x, order) for x, order in zip(inputs, dim_orders, strict=True)])
