@@ -45,7 +45,8 @@ def run_remote(node, shared, key, python=None):
         if not shared.has(digest):
             shared.store(digest, {"blob": Path(path)})
         files[path] = digest
-    request = {"stage": node.stage, "inputs": node.inputs, "config": node.config, "output": node.output}
+    request = {"stage": node.stage, "inputs": node.inputs, "config": node.config, "output": node.output,
+               "task": node.task_name}
     future = client().submit(build_on_worker, request, files, shared.url, key, python,
                              key=f"{node.task_name}-{key[:16]}", pure=False)
     return future.result()

@@ -99,7 +99,7 @@ def _run_stage(node, output):
         module.run({role: Path(p) for role, p in node.inputs.items()}, node.config, output)
         return
     reply = worker.call({"stage": node.stage, "inputs": node.inputs, "config": node.config,
-                         "output": str(output), "root": os.getcwd()}, python=node.interpreter)
+                         "output": str(output), "root": os.getcwd(), "task": node.task_name}, python=node.interpreter)
     _raise_failure(node, reply)
 
 

@@ -10,7 +10,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from mobilebuild import host_lock
+from mobilebuild import host_lock, progress
 from mobilebuild.errors import MobileBuildError
 
 # torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
@@ -44,12 +44,12 @@ def enter_root(root):
     _current_root = root
 
 
-def run_stage(stage, inputs, config, output, root):
-    """Run one stage function, then make its output reproducible."""
+def run_stage(stage, inputs, config, output, root, task=None):
+    """Run one stage function for `task` (the name progress notes go under), then make its output reproducible."""
     from mobilebuild import reproducible  # torch
 
     enter_root(root)
-    with warnings.catch_warnings(), reproducible.jit_session():
+    with warnings.catch_warnings(), reproducible.jit_session(), progress.working_on(task):
         for category, module in _QUIET:
             warnings.filterwarnings("ignore", category=category, module=module)
         module = importlib.import_module(f"mobilebuild.stages.{stage}")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import zlib
 
-from mobilebuild import device, store, toolchain
+from mobilebuild import device, progress, store, toolchain
 from mobilebuild.errors import MobileBuildError
 
 
@@ -43,7 +43,7 @@ def run(inputs, config, output):
               "host": host(), "toolchain": toolchain.versions()}
     if config["runs_on_host"]:
         # the progress label: not in the config, which keys the cache (identical models share their timings)
-        label = artifact.stem if "artifact" in inputs else f"{artifact.parent.name}-eager"
+        label = progress.current_task() or (artifact.stem if "artifact" in inputs else f"{artifact.parent.name}-eager")
         result.update(status="ran", **time_in_subprocess({**config, "path": str(artifact), "label": label}))
         us_per_iter = result["median_ms"] * 1e3
         result["speed_benchmark_line"] = device.format_speed_benchmark_line(us_per_iter, 1e6 / us_per_iter)

@@ -29,6 +29,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from mobilebuild import progress
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.stages import modeling, quantize
 
@@ -182,8 +183,10 @@ def quantize_int8(proto, calibration, input_config, weights=None):
 
 def run(inputs, config, output):
     model = modeling.load_module(inputs["model"])
+    progress.note("torch.onnx.export")
     proto = export_float(model, config["input"], (config.get("options") or {}).get("opset"))
     if config["precision"] == "int8":
+        progress.note("quantizing with ONNX Runtime's quantize_static")
         proto = quantize_int8(proto, config["calibration"], config["input"], config.get("weights"))
     data = reproducible(proto).SerializeToString()
     with open(output, "wb") as handle:
