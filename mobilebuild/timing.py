@@ -1,11 +1,13 @@
-"""Timing one model in a process of its own: `python -m mobilebuild.timing` reads a JSON spec on stdin and prints
-the measurement as one JSON line on stdout; progress goes to stderr.
+"""Timing one model in a process of its own (bench.time_in_subprocess forks one per measurement from a server
+that has imported this module, and torch, once); progress goes to stderr.
 
 A fresh process per measurement keeps earlier work (other models, allocator state, thread pools) out of the
-numbers and gives a true peak RSS, like speed_benchmark_torch on a device.
+numbers, like speed_benchmark_torch on a device. Its peak RSS is the kernel's high-water mark, reset when the
+measurement starts: what the runtime, the model and its runs held resident, without what the process it came
+from once held.
 """
 
-import json
+import os
 import resource
 import statistics
 import sys
@@ -17,8 +19,34 @@ from mobilebuild import host_lock, runtimes
 from mobilebuild.stages import modeling
 
 
+def measure_into(spec, connection):
+    """The forked process's work: measure in the build's repository (a model may be pickled with a class of its),
+    send the result."""
+    os.chdir(spec["root"])
+    sys.path.insert(0, spec["root"])
+    connection.send(measure(spec))
+    connection.close()
+
+
+def _reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # Linux: the high-water mark becomes the current RSS
+    except OSError:
+        pass
+
+
+def _peak_rss_mb():
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):  # not Linux: the process's maximum, which may include its parent's
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def measure(spec):
     timing = spec["timing"]
+    _reset_peak_rss()
     torch.set_num_threads(timing["threads"])
     example = modeling.example_input(spec["input"])  # one input, reused: the recipe's Android advice
     samples = []
@@ -46,10 +74,6 @@ def measure(spec):
         "mean_ms": statistics.fmean(samples),
         "stdev_ms": statistics.stdev(samples) if len(samples) > 1 else 0.0,
         "load_ms": load_ms,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": _peak_rss_mb(),
         "threads": torch.get_num_threads(),
     }
-
-
-if __name__ == "__main__":
-    print(json.dumps(measure(json.load(sys.stdin))))
