@@ -7,7 +7,6 @@ measurement starts: what the runtime, the model and its runs held resident, with
 from once held.
 """
 
-import os
 import resource
 import statistics
 import sys
@@ -15,15 +14,14 @@ import time
 
 import torch
 
-from mobilebuild import host_lock, runtimes
+from mobilebuild import execute_stage, host_lock, runtimes
 from mobilebuild.stages import modeling
 
 
 def measure_into(spec, connection):
     """The forked process's work: measure in the build's repository (a model may be pickled with a class of its),
     send the result."""
-    os.chdir(spec["root"])
-    sys.path.insert(0, spec["root"])
+    execute_stage.enter_root(spec["root"])
     connection.send(measure(spec))
     connection.close()
 
