@@ -31,17 +31,20 @@ import os
 import sys
 from pathlib import Path
 
-from mobilebuild import baseline, commands, distributed, graph, recipe, release
+from mobilebuild.build import commands, distributed
 from mobilebuild.errors import RecipeErrors
+from mobilebuild.plan import graph, recipe
+from mobilebuild.results import baseline, release
 
 
 def run_doit(args):
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from mobilebuild import reporter, tasks
+    from mobilebuild import tasks
+    from mobilebuild.build import doit_reporters
 
-    plugins = {"COMMAND": commands.PLUGINS, "REPORTER": reporter.PLUGINS}
+    plugins = {"COMMAND": commands.PLUGINS, "REPORTER": doit_reporters.PLUGINS}
     return DoitMain(ModuleTaskLoader(tasks), extra_config=plugins).run(args)
 
 
@@ -82,7 +85,7 @@ def bench(args):
     if options.baseline and not options.baseline.is_file():
         parser.error(f"--baseline {options.baseline}: no such file")
     status = run_doit(["run", "benchmark"])
-    from mobilebuild import report
+    from mobilebuild.results import report
 
     manifests = report.load_manifests(graph.ARTIFACTS_DIR)
     if options.save_baseline:
@@ -93,7 +96,7 @@ def bench(args):
 
 
 def cache_command(args):
-    from mobilebuild import cache
+    from mobilebuild.build import cache
 
     parser = argparse.ArgumentParser(prog="mobilebuild cache", description="The shared artifact cache.")
     parser.add_argument("action", choices=["stats", "prune", "clear"])
@@ -142,7 +145,7 @@ def main(argv=None):
         print(__doc__.strip())
         return 0
     if args[:1] == ["check"]:
-        from mobilebuild.check import check_command  # imports torch: only for this command
+        from mobilebuild.preflight import check_command  # imports torch: only for this command
 
         return check_command(args[1:])
     if args[:1] == ["validate"]:

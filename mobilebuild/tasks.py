@@ -9,15 +9,14 @@ from doit.dependency import MD5Checker
 from doit.exceptions import InvalidDodoFile
 from doit.tools import config_changed
 
-from mobilebuild import distributed, graph, recipe, release, store
+from mobilebuild import store
+from mobilebuild.build import distributed
+from mobilebuild.build.actions import check_verified, clean_output, clean_plots, write_release, write_report
+from mobilebuild.build.doit_reporters import Reporter
+from mobilebuild.build.execute import run_node
 from mobilebuild.errors import RecipeErrors
-from mobilebuild.execute import check_verified, clean_output, clean_plots, run_node, write_report
-from mobilebuild.reporter import Reporter
-
-__all__ = ["DOIT_CONFIG", "task_train", "task_checkpoint", "task_prune", "task_fuse", "task_quantize", "task_script",
-           "task_optimize", "task_nnapi", "task_lower", "task_export", "task_verify", "task_verified", "task_bench",
-           "task_manifest", "task_render_report", "task_release", "task_benchmark", "task_build"]
-
+from mobilebuild.plan import graph, project, stages
+from mobilebuild.results import release
 
 
 def file_state(path, stat):
@@ -68,7 +67,7 @@ REPORT_TARGETS = [f"{graph.ARTIFACTS_DIR}/report.md", f"{graph.ARTIFACTS_DIR}/re
 @functools.lru_cache(maxsize=None)
 def project_nodes(root):
     try:
-        return graph.build(recipe.load_all(root), root)
+        return project.nodes(root)
     except RecipeErrors as exc:
         raise InvalidDodoFile(str(exc)) from None  # doit prints it without a traceback and exits non-zero
 
@@ -135,62 +134,19 @@ def _tasks(stage):
             }
 
 
-def task_train():
-    """Train models whose recipe has model.train; their weights become the checkpoint."""
-    yield from _tasks("train")
+def _stage_group(stage):
+    """doit's task group for a stage: `doit <stage>` builds every node of it, `<stage>:<name>` one."""
+    def group():
+        yield from _tasks(stage.name)
 
+    if stage.name == "verify":  # `doit verify` fails for a failed verification, through the `verified` gates
+        def group():
+            yield {"name": None, "task_dep": ["verified"], "doc": stage.doc}
+            yield from _tasks("verify")
 
-def task_checkpoint():
-    """Materialise each model's weights as a state_dict."""
-    yield from _tasks("checkpoint")
-
-
-def task_prune():
-    """Prune Conv/Linear weights (torch.nn.utils.prune, made permanent) for recipes or targets that ask."""
-    yield from _tasks("prune")
-
-
-def task_fuse():
-    """Fold batch norm and fuse Conv/Linear-BN-ReLU sequences in eager mode."""
-    yield from _tasks("fuse")
-
-
-def task_quantize():
-    """Static post-training quantization per engine."""
-    yield from _tasks("quantize")
-
-
-def task_script():
-    """TorchScript per precision (script or trace)."""
-    yield from _tasks("script")
-
-
-def task_optimize():
-    """optimize_for_mobile per target, saved for the lite interpreter (.ptl)."""
-    yield from _tasks("optimize")
-
-
-def task_nnapi():
-    """NNAPI models (traced NHWC, converted by torch.backends._nnapi) with bundled inputs (.ptl)."""
-    yield from _tasks("nnapi")
-
-
-def task_lower():
-    """ExecuTorch programs (.pte) lowered to their delegate: XNNPACK, Vulkan, Core ML or MPS."""
-    yield from _tasks("lower")
-
-
-def task_export():
-    """ONNX models (.onnx), int8 through onnxruntime's static quantization."""
-    yield from _tasks("export")
-
-
-def task_verify():
-    """Compare each artifact with the fp32 eager model in its runtime (SQNR, cosine, max error, top-1, accuracy);
-    fails for results below the recipe's thresholds."""
-    # `doit verify` fails for a failed verification through the `verified` gates; `verify:<target>` writes the result
-    yield {"name": None, "task_dep": ["verified"], "doc": task_verify.__doc__}
-    yield from _tasks("verify")
+    group.__name__ = f"task_{stage.name}"
+    group.__doc__ = stage.doc
+    return group
 
 
 def task_verified():
@@ -202,16 +158,6 @@ def task_verified():
             yield {"name": node.recipe, "actions": [(check_verified, [results, node.recipe_file])],
                    "io": output_capture(), "file_dep": list(results.values()),
                    "doc": f"fails if an artifact of {node.recipe_file} failed verification"}
-
-
-def task_bench():
-    """Time each artifact, and the eager fp32 baseline, in a process of its own; device runs where attached."""
-    yield from _tasks("bench")
-
-
-def task_manifest():
-    """artifacts/<recipe>/manifest.json: every file with its stage, target, sha256 and size."""
-    yield from _tasks("manifest")
 
 
 def task_render_report():
@@ -231,7 +177,7 @@ def task_release():
     """Copy every built, verified artifact into release/ with release.json, after the build (`mobilebuild release`
     selects recipes and targets)."""
     manifests = [n.output for n in project_nodes(os.getcwd()) if n.stage == "manifest"]
-    return {"actions": [(release.task_action, [])], "io": output_capture(), "task_dep": ["build"],
+    return {"actions": [(write_release, [])], "io": output_capture(), "task_dep": ["build"],
             "uptodate": [ObservedFiles(manifests)],
             "targets": [f"{release.DEFAULT_OUT}/{release.RELEASE_FILE}"], "clean": [(release.remove, [])]}
 
@@ -243,4 +189,11 @@ def task_benchmark():
 
 def task_build():
     """Build, verify and benchmark every artifact of every recipe, then write the report (the default)."""
-    return {"actions": None, "task_dep": [*graph.STAGES, "render_report", "verified"]}
+    return {"actions": None, "task_dep": [*(stage.name for stage in stages.all_stages()), "render_report", "verified"]}
+
+
+# One task group per registered stage (a project's dodo.py registers its own routes and stages before importing this).
+for _stage in stages.all_stages():
+    globals()[f"task_{_stage.name}"] = _stage_group(_stage)
+__all__ = ["DOIT_CONFIG", *(f"task_{stage.name}" for stage in stages.all_stages()), "task_verified",
+           "task_render_report", "task_release", "task_benchmark", "task_build"]

@@ -28,6 +28,8 @@ from conftest import TINYNET, Project, tiny_recipe
 
 from mobilebuild import store
 
+pytestmark = pytest.mark.slow  # the bad-input corpus, a real doit run per case
+
 CORPUS = Path(__file__).with_name("corpus")
 REPORT = ("report.md", "report.html", "plots/")  # below artifacts/
 CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "case.yaml").is_file())

@@ -2,7 +2,7 @@
 
 import json
 
-from mobilebuild import baseline
+from mobilebuild.results import baseline
 
 
 def manifest(recipe, **medians):

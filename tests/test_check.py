@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from mobilebuild import check
+from mobilebuild import preflight
 
 # Factories for the recipes below; a module name of its own, as recipe factories are imported by name.
 MODELS = textwrap.dedent('''
@@ -136,7 +136,7 @@ def kinds(findings):
 
 
 def test_relu6_is_flagged_for_nnapi_and_fuses_on_xnnpack(root):
-    report = check.run(write_recipe(root, "relu6", "relu6", [{"backend": "nnapi"}, {"backend": "xnnpack"}]), root)
+    report = preflight.run(write_recipe(root, "relu6", "relu6", [{"backend": "nnapi"}, {"backend": "xnnpack"}]), root)
     (advice,) = by_target(report, "nnapi")["findings"]
     assert advice["kind"] == "advice" and advice["target"] == "nnapi"
     assert advice["detail"].startswith("ReLU6 does not fuse") and advice["where"] == "features.0"
@@ -145,7 +145,7 @@ def test_relu6_is_flagged_for_nnapi_and_fuses_on_xnnpack(root):
 
 
 def test_in_place_relu6_has_no_nnapi_conversion(root):
-    report = check.run(write_recipe(root, "relu6_inplace", "relu6_inplace", [{"backend": "nnapi"}]), root)
+    report = preflight.run(write_recipe(root, "relu6_inplace", "relu6_inplace", [{"backend": "nnapi"}]), root)
     blocking = [item for item in by_target(report, "nnapi")["findings"] if item["kind"] == "unsupported-op"]
     assert len(blocking) == 1 and "aten::hardtanh_" in blocking[0]["detail"]
     assert blocking[0]["where"] == "features.2, a ReLU6"
@@ -153,22 +153,22 @@ def test_in_place_relu6_has_no_nnapi_conversion(root):
 
 
 def test_widths_not_a_multiple_of_8_are_listed_by_layer(root):
-    report = check.run(write_recipe(root, "narrow", "narrow", [{"backend": "xnnpack"}]), root)
+    report = preflight.run(write_recipe(root, "narrow", "narrow", [{"backend": "xnnpack"}]), root)
     (width,) = report["model"]["findings"]  # the head's 5 outputs are the task's, not flagged
-    assert width["target"] == check.ALL_TARGETS and width["kind"] == "advice"
+    assert width["target"] == preflight.ALL_TARGETS and width["kind"] == "advice"
     assert width["where"] == "features.0 (Conv2d)" and width["detail"].startswith("12 output channels")
     assert report["exit_code"] == 0
 
 
 def test_executorch_xnnpack_delegation_and_its_fallback_ops(root):
     targets = [{"backend": "xnnpack", "runtime": "executorch"}]
-    clean = check.run(write_recipe(root, "delegated", "clean", targets, NCHW), root)
+    clean = preflight.run(write_recipe(root, "delegated", "clean", targets, NCHW), root)
     result = by_target(clean, "xnnpack-executorch")
     assert result["delegate"] == "xnnpack"
     assert result["delegation"]["delegated_calls"] == 1 and result["delegation"]["fallback_calls"] == 0
     assert result["findings"] == [] and clean["exit_code"] == 0
 
-    partly = check.run(write_recipe(root, "partly", "cumulative", targets, NCHW), root)
+    partly = preflight.run(write_recipe(root, "partly", "cumulative", targets, NCHW), root)
     (fallback,) = by_target(partly, "xnnpack-executorch")["findings"]
     assert fallback["kind"] == "fallback" and fallback["where"] == "aten::cumsum.out"
     assert partly["exit_code"] == 1
@@ -179,7 +179,7 @@ def test_pytorch_mobile_vulkan_needs_a_vulkan_build(root, monkeypatch, capsys):
     path = write_recipe(root, "gpu", "clean", [{"backend": "vulkan"}, {"backend": "vulkan", "runtime": "executorch",
                                                                         "name": "et-vulkan"}], NCHW)
     monkeypatch.chdir(root)
-    assert check.check_command([str(path), "--json", "--target", "vulkan"]) == 1
+    assert preflight.check_command([str(path), "--json", "--target", "vulkan"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert [result["target"] for result in report["targets"]] == ["vulkan"]  # --target: the one asked for
     (needs,) = report["targets"][0]["findings"]
@@ -190,7 +190,7 @@ def test_a_clean_model_exits_0_with_a_table_per_target(root, monkeypatch, capsys
     path = write_recipe(root, "clean", "clean", [{"backend": "xnnpack"}, {"backend": "qnnpack"},
                                                  {"backend": "nnapi"}, {"backend": "onnx"}])
     monkeypatch.chdir(root)
-    assert check.check_command([str(path)]) == 0
+    assert preflight.check_command([str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     for target, route in (("xnnpack", "pytorch-mobile, fp32"), ("qnnpack", "pytorch-mobile, int8"),
                           ("nnapi", "pytorch-mobile, fp32"), ("onnx", "onnxruntime, fp32")):
@@ -200,7 +200,7 @@ def test_a_clean_model_exits_0_with_a_table_per_target(root, monkeypatch, capsys
 
 def test_advice_depends_on_what_the_target_fuses(root):
     targets = [{"backend": "xnnpack"}, {"backend": "onnx"}]
-    report = check.run(write_recipe(root, "hardswish", "hardswish", targets, NCHW), root)
+    report = preflight.run(write_recipe(root, "hardswish", "hardswish", targets, NCHW), root)
     wheres = {item["where"]: item["detail"] for item in by_target(report, "xnnpack")["findings"]}
     assert wheres["features.0"].startswith("Hardswish does not fuse")
     assert "channels_last" in wheres["input.memory_format"]  # NCHW input on XNNPACK through PyTorch Mobile
@@ -209,12 +209,12 @@ def test_advice_depends_on_what_the_target_fuses(root):
 
 
 def test_a_model_that_converts_its_own_input_needs_no_channels_last_advice(root):
-    report = check.run(write_recipe(root, "converts", "converts_its_input", [{"backend": "xnnpack"}], NCHW), root)
+    report = preflight.run(write_recipe(root, "converts", "converts_its_input", [{"backend": "xnnpack"}], NCHW), root)
     assert [item["where"] for item in by_target(report, "xnnpack")["findings"]] == ["features.0"]  # Hardswish only
 
 
 def test_unseen_conv_bn_and_an_unexportable_model(root):
-    report = check.run(write_recipe(root, "branchy", "branchy", [{"backend": "onnx"}]), root)
+    report = preflight.run(write_recipe(root, "branchy", "branchy", [{"backend": "onnx"}]), root)
     (pair,) = report["model"]["findings"]
     assert pair["where"] == "bn after conv" and "[conv, bn]" in pair["detail"]
     (export,) = by_target(report, "onnx")["findings"]
@@ -223,7 +223,7 @@ def test_unseen_conv_bn_and_an_unexportable_model(root):
 
 
 def test_int8_operations_without_a_quantized_kernel(root):
-    report = check.run(write_recipe(root, "plain_add", "plain_add", [{"backend": "qnnpack"}]), root)
+    report = preflight.run(write_recipe(root, "plain_add", "plain_add", [{"backend": "qnnpack"}]), root)
     (missing,) = by_target(report, "qnnpack")["findings"]
     assert missing["kind"] == "unsupported-op" and "Tensor.add" in missing["detail"]
     assert "FloatFunctional" in missing["detail"]
@@ -236,6 +236,6 @@ def test_int8_operations_without_a_quantized_kernel(root):
 def test_a_bad_recipe_is_one_line_and_exit_2(root, monkeypatch, capsys, factory, arguments, expected):
     path = write_recipe(root, f"bad_{factory}", factory, [{"backend": "xnnpack"}])
     monkeypatch.chdir(root)
-    assert check.check_command([str(path), *arguments]) == 2
+    assert preflight.check_command([str(path), *arguments]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip().splitlines() == [f"{path.as_posix()}: {expected}"]

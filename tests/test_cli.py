@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Project, tiny_recipe
 
+pytestmark = pytest.mark.slow  # the mobilebuild command building through doit
+
 MOBILEBUILD = str(Path(sys.executable).with_name("mobilebuild"))
 
 

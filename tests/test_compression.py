@@ -11,8 +11,8 @@ from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.metrics import sqnr_db
-from mobilebuild.stages import optimize, prune, quantize, script
+from mobilebuild.worker.metrics import sqnr_db
+from mobilebuild.worker.stages import calibration, optimize, prune, quantize, script
 
 OPTIONS = {"blocklist": [], "preserved_methods": [], "bundled_inputs": False}
 
@@ -86,8 +86,8 @@ def test_dynamic_quantization_of_a_linear_model_matches_fp32(tmp_path):
 @pytest.mark.parametrize("weights, scheme", [("per_channel", torch.per_channel_affine),
                                              ("per_tensor", torch.per_tensor_affine)])
 def test_weight_granularity_is_selectable(weights, scheme):
-    batches = quantize.calibration_batches({"source": "random", "batches": 2, "seed": 0},
-                                           {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"})
+    batches = calibration.batches({"source": "random", "batches": 2, "seed": 0},
+                                  {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"})
     quantized = quantize.static(tiny_models.conv_bn(), "qnnpack", batches, weights)
     assert quantized.module[0].weight().qscheme() == scheme
 
@@ -99,6 +99,7 @@ def test_the_engines_own_default_granularity_by_default():
         repr(torch.ao.quantization.get_default_qat_qconfig("qnnpack"))
 
 
+@pytest.mark.slow
 def test_a_pruned_and_a_dynamic_target_build_beside_the_plain_ones(project):
     targets = [{"backend": "xnnpack"}, {"backend": "qnnpack"},
                {"backend": "xnnpack", "name": "sparse", "prune": {"method": "l1_unstructured", "amount": 0.5}},
@@ -121,6 +122,7 @@ def test_a_pruned_and_a_dynamic_target_build_beside_the_plain_ones(project):
                               "prune:tiny-sparse", "script:tiny-sparse", "verified:tiny", "verify:tiny-sparse"]
 
 
+@pytest.mark.slow
 def test_a_qat_checkpoint_trained_on_digits_converts_and_verifies(project):
     from mobilebuild.examples import digits
 

@@ -34,6 +34,8 @@ from conftest import Project, tiny_recipe
 
 from mobilebuild import store
 
+pytestmark = pytest.mark.slow  # builds killed at seeded points, real doit
+
 SEED = 20261122
 KILL_POINTS = 20
 LANES = 2  # projects killed side by side, one per core: 20 kill points in about half the time

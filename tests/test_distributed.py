@@ -11,6 +11,8 @@ import time
 import pytest
 from conftest import Project, checkouts, tiny_recipe
 
+pytestmark = pytest.mark.slow  # a Dask cluster
+
 distributed = pytest.importorskip("distributed")
 
 COMPARED = ("fused.pt", "quantized-qnnpack.pt", "scripted-fp32.pt", "tiny-xnnpack.ptl", "tiny-qnnpack.ptl",
@@ -89,7 +91,7 @@ def dies_on_first_attempt(marker, *args):
     if not os.path.exists(marker):
         open(marker, "w").close()
         os._exit(1)
-    from mobilebuild import distributed as remote
+    from mobilebuild.build import distributed as remote
 
     return remote.build_on_worker(*args)
 
@@ -97,8 +99,9 @@ def dies_on_first_attempt(marker, *args):
 def test_a_worker_lost_mid_task_is_rerun_and_nothing_half_stored(cluster, tmp_path, monkeypatch):
     import cloudpickle
 
-    from mobilebuild import distributed as remote
-    from mobilebuild import execute, graph, recipe
+    from mobilebuild.build import distributed as remote
+    from mobilebuild.build import execute
+    from mobilebuild.plan import graph, recipe
 
     address, client = cluster
     project, reference = checkouts(tmp_path, "a", "b")
@@ -115,7 +118,7 @@ def test_a_worker_lost_mid_task_is_rerun_and_nothing_half_stored(cluster, tmp_pa
     node = next(n for n in graph.build(recipe.load_all(project.root), project.root) if n.task_name == "fuse:tiny")
     shared, key = execute._cache_entry(node)
 
-    reply = remote.run_remote(node, shared, key)
+    reply = remote.run_remote(node, execute.request(node, node.output), shared, key)
 
     assert os.path.exists(marker), "the first attempt did not run"
     assert not set(reply) & {"error", "oserror", "crash"}, reply

@@ -11,10 +11,12 @@ import torch
 from conftest import REPO
 from torch.jit.mobile import _load_for_lite_interpreter
 
-from mobilebuild import recipe
 from mobilebuild.examples import digits
-from mobilebuild.metrics import sqnr_db
-from mobilebuild.stages import modeling
+from mobilebuild.plan import recipe
+from mobilebuild.worker.metrics import sqnr_db
+from mobilebuild.worker.stages import modeling
+
+pytestmark = pytest.mark.slow  # the bundled examples' full build
 
 FP32_DB = 80.0
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import onnx
 import pytest
@@ -15,9 +16,10 @@ import torch
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.metrics import sqnr_db
-from mobilebuild.runtimes import onnxruntime as ort_runtime
-from mobilebuild.stages import export, fuse, modeling
+from mobilebuild.plan.stages import ExportConfig
+from mobilebuild.worker.metrics import sqnr_db
+from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
+from mobilebuild.worker.stages import export, fuse, modeling
 
 REPO = Path(__file__).resolve().parents[1]
 INPUT = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
@@ -82,8 +84,8 @@ MODELS = {"conv_bn_relu_linear": ConvBnReluLinear, "residual": Residual}
 
 
 def config(precision, calibration=CALIBRATION, weights=None, opset=None):
-    return {"precision": precision, "calibration": calibration, "weights": weights, "input": INPUT,
-            "options": {"opset": opset}}
+    return ExportConfig(precision=precision, calibration=calibration, weights=weights, input=INPUT,
+                        options={"opset": opset})
 
 
 def fused_file(model, folder):
@@ -113,7 +115,7 @@ def exported(request, tmp_path_factory):
 
 
 def run_onnx(path, x, threads=1):
-    return ort_runtime.load(path, {"timing": {"threads": threads}})(x)
+    return ort_runtime.load(path, SimpleNamespace(timing={"threads": threads}))(x)
 
 
 def test_fp32_export_matches_the_eager_model(exported):
@@ -178,6 +180,7 @@ CHECKOUT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_exports_are_byte_identical_across_checkouts(tmp_path):
     """Two copies of the code (package, model source) at different absolute paths, run from their own folders."""
     runs = []
@@ -241,12 +244,12 @@ def os_threads():
 def test_the_runtime_runs_with_the_thread_count_asked_for(exported):
     for threads, extra_os_threads in ((1, 0), (3, 2)):  # ONNX Runtime's pool: the caller's thread and n-1 workers
         before = os_threads()
-        model = ort_runtime.load(exported["fp32"], {"timing": {"threads": threads}})
+        model = ort_runtime.load(exported["fp32"], SimpleNamespace(timing={"threads": threads}))
         assert os_threads() - before == extra_os_threads
         assert model.session.get_session_options().intra_op_num_threads == threads
         assert sqnr_db(exported["reference"], model(exported["x"])) > FP32_DB
         del model
-    default = ort_runtime.load(exported["fp32"], {})
+    default = ort_runtime.load(exported["fp32"], SimpleNamespace())
     assert default.session.get_session_options().intra_op_num_threads == 1
 
 
@@ -254,6 +257,6 @@ def test_the_runtime_reports_a_file_it_cannot_load_as_the_targets_problem(tmp_pa
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not an onnx model")
     with pytest.raises(MobileBuildError, match=r"ONNX Runtime .* cannot load") as caught:
-        ort_runtime.load(broken, {})
+        ort_runtime.load(broken, SimpleNamespace())
     assert caught.value.field == "targets"
     assert "\n" not in str(caught.value)

@@ -6,8 +6,8 @@ import pytest
 import yaml
 from conftest import tiny_recipe
 
-from mobilebuild import graph, recipe
 from mobilebuild.errors import RecipeErrors
+from mobilebuild.plan import graph, recipe
 
 
 def nodes_for(root, data):

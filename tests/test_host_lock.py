@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mobilebuild import host_lock
+from mobilebuild.worker import measure_alone
 
 WAIT = 60  # seconds: how long anything may take to happen at all, on a loaded machine
 
@@ -18,7 +18,7 @@ def private_lock_folder(tmp_path, monkeypatch):
 
 
 def _hold(kind, entered, release):
-    section = host_lock.measuring_alone("model") if kind == "measure" else host_lock.stage_running()
+    section = measure_alone.measuring_alone("model") if kind == "measure" else measure_alone.stage_running()
     with section:
         entered.set()
         release.wait(WAIT)

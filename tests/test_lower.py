@@ -7,6 +7,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,9 +15,11 @@ from tiny_models import conv_bn
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.metrics import sqnr_db
-from mobilebuild.runtimes import executorch as et_runtime
-from mobilebuild.stages import fuse, lower, modeling
+from mobilebuild.plan.stages import LowerConfig
+from mobilebuild.worker import pte
+from mobilebuild.worker.metrics import sqnr_db
+from mobilebuild.worker.runtimes import executorch as et_runtime
+from mobilebuild.worker.stages import fuse, lower, modeling
 
 NCHW = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
 NHWC = {**NCHW, "memory_format": "channels_last"}
@@ -78,15 +81,15 @@ def lower_stage(tmp_path, model, delegate, precision="fp32", input_config=NCHW, 
     model_path = tmp_path / "fused.pt"
     modeling.save_module(model, model_path)
     output = tmp_path / f"{delegate}-{precision}.pte"
-    config = {"delegate": delegate, "precision": precision, "calibration": calibration, "input": input_config,
-              "options": options or {}}
+    config = LowerConfig(delegate=delegate, precision=precision, calibration=calibration, input=input_config,
+                         options=options or {})
     message = lower.run({"model": model_path}, config, output)
     return output, message
 
 
 def eager_and_program(tmp_path, model, input_config, **kwargs):
     path, message = lower_stage(tmp_path, model, "xnnpack", input_config=input_config, **kwargs)
-    program = et_runtime.load(path, {"input": input_config, "timing": {"threads": 1}})
+    program = et_runtime.load(path, SimpleNamespace(input=input_config, timing={"threads": 1}))
     example = modeling.example_input(input_config, seed=7)
     with torch.no_grad():
         return model(example), program(example), path, message
@@ -97,20 +100,22 @@ def test_xnnpack_fp32_runs_on_host_and_matches_eager(tmp_path):
     assert message is None
     assert output.shape == reference.shape
     assert sqnr_db(reference, output) > 60
-    summary = lower.delegation(path)
+    summary = pte.read(path).delegation
     assert summary["delegates"] == {"XnnpackBackend": 1} and summary["fallback_calls"] == 0
 
 
 RUN_IN_A_FRESH_PROCESS = textwrap.dedent("""
     import os, sys, torch
-    from mobilebuild.runtimes import executorch as et_runtime
-    program = et_runtime.load(sys.argv[1], {})  # the thread pool as verification leaves it
+    from types import SimpleNamespace
+    from mobilebuild.worker.runtimes import executorch as et_runtime
+    program = et_runtime.load(sys.argv[1], SimpleNamespace())  # the thread pool as verification leaves it
     print(tuple(program(torch.zeros(1, 3, 8, 8)).shape))
     with et_runtime.without_cpuinfo_notes():
         os.write(2, b"[cpuinfo_utils.cpp:87] Failed to open midr file\\nthe runtime's own error\\n")
 """)
 
 
+@pytest.mark.slow
 def test_the_runtimes_cpu_probing_notes_stay_out_of_the_logs_and_the_rest_does_not(tmp_path):
     """ExecuTorch notes what it found of the CPU once per process, when a method first loads on its default thread
     pool (verification leaves it so): only a fresh process shows whether that reaches the build's log."""
@@ -128,12 +133,12 @@ def test_the_runtimes_cpu_probing_notes_stay_out_of_the_logs_and_the_rest_does_n
 def test_a_channels_last_input_config_still_gives_an_nchw_program_fully_delegated(tmp_path):
     model = fused(conv_bn())
     reference, output, path, _ = eager_and_program(tmp_path, model, NHWC)
-    _, dim_orders = et_runtime.program_facts(path.read_bytes())
+    dim_orders = pte.read(path).input_dim_orders
     assert dim_orders == [[0, 1, 2, 3]]
-    assert lower.delegation(path)["fallback_calls"] == 0
+    assert pte.read(path).delegation["fallback_calls"] == 0
     assert sqnr_db(reference, output) > 60
     # the runtime converts whatever layout it is given: a channels_last tensor gives the same numbers
-    program = et_runtime.load(path, {"input": NHWC})
+    program = et_runtime.load(path, SimpleNamespace(input=NHWC))
     assert sqnr_db(reference, program(modeling.example_input(NHWC, seed=7))) > 60
 
 
@@ -141,11 +146,11 @@ def test_xnnpack_int8_with_calibration_matches_reasonably(tmp_path):
     reference, output, path, _ = eager_and_program(tmp_path, fused(StubbedConvNet()), NCHW, precision="int8",
                                                    calibration=RANDOM_CALIBRATION)
     assert sqnr_db(reference, output) > 15
-    assert lower.delegation(path)["delegates"] == {"XnnpackBackend": 1}
+    assert pte.read(path).delegation["delegates"] == {"XnnpackBackend": 1}
 
 
 def test_int8_calibration_batches_of_the_wrong_shape_name_the_calibration(tmp_path, monkeypatch):
-    monkeypatch.setattr(lower.quantize, "calibration_batches", lambda calibration, config: [torch.randn(1, 3, 8, 8)])
+    monkeypatch.setattr(lower.calibration, "batches", lambda calibration, config: [torch.randn(1, 3, 8, 8)])
     with pytest.raises(MobileBuildError) as caught:
         lower_stage(tmp_path, fused(conv_bn()), "xnnpack", "int8", calibration=RANDOM_CALIBRATION)
     assert caught.value.field == "quantize.calibration"
@@ -165,13 +170,13 @@ def test_gpu_and_apple_delegates_lower_and_are_refused_on_the_host(tmp_path, del
     assert summary["delegation"]["delegates"] == {backend: 1}
     assert summary["bytes"] == path.stat().st_size
     with pytest.raises(MobileBuildError) as caught:
-        et_runtime.load(path, {"input": NCHW})
+        et_runtime.load(path, SimpleNamespace(input=NCHW))
     assert caught.value.field == "targets" and backend in caught.value.message
 
 
 def test_delegation_counts_fallback_operators(tmp_path):
     path, message = lower_stage(tmp_path, WithUnsupportedOps().eval(), "xnnpack")
-    summary = lower.delegation(path)
+    summary = pte.read(path).delegation
     assert summary["delegated_calls"] >= 1 and summary["delegates"].keys() == {"XnnpackBackend"}
     assert summary["fallback_ops"]["aten::cumsum.out"] == 1
     assert summary["fallback_ops"]["aten::flip.out"] == 1
@@ -191,7 +196,7 @@ SUBPROCESS_LOWERING = textwrap.dedent("""
     import os, torch
     from pathlib import Path
     from torch import nn
-    from mobilebuild.stages import lower
+    from mobilebuild.worker.stages import lower
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5)).eval()
     config = {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
@@ -201,6 +206,7 @@ SUBPROCESS_LOWERING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_flatc_workaround_with_the_variable_unset_and_byte_identical_across_processes_and_directories(tmp_path):
     """Two builds in two processes, from two directories. Core ML's spec metadata is a protobuf map written in a
     per-process order: only separate processes show that."""
@@ -220,6 +226,7 @@ def test_flatc_workaround_with_the_variable_unset_and_byte_identical_across_proc
         assert len(first) > 1000 and first == second
 
 
+@pytest.mark.slow
 def test_core_ml_lowerings_of_one_model_never_share_a_scratch_directory(monkeypatch, tmp_path):
     """ExecuTorch names its Core ML scratch directory after the model identifier, which we derive from the model: two
     processes lowering one model (doit -n 2, two checkouts) shared it and deleted it under each other."""
@@ -245,7 +252,7 @@ def test_core_ml_lowerings_of_one_model_never_share_a_scratch_directory(monkeypa
 
 
 def test_a_user_flatc_setting_is_kept(monkeypatch):
-    from mobilebuild import executorch_setup
+    from mobilebuild.worker import executorch_setup
 
     monkeypatch.setenv("FLATC_EXECUTABLE", "/opt/my/flatc")
     assert executorch_setup.ensure_flatc() == "/opt/my/flatc"

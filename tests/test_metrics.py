@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mobilebuild import metrics
+from mobilebuild.worker import metrics
 
 REF = torch.tensor([1.0, 2.0, 3.0, 4.0])
 OUT = torch.tensor([1.0, 2.0, 3.0, 5.0])

@@ -1,14 +1,18 @@
 """The NNAPI stage and runtime: the NNAPI post's three modes on a tiny model, inspected on the host (it cannot run
 here: no libneuralnetworks.so), and the one-line errors for what the converter cannot take."""
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.runtimes import nnapi as runtime
-from mobilebuild.stages import fuse, modeling, nnapi, quantize
+from mobilebuild.plan.stages import NnapiConfig
+from mobilebuild.worker.runtimes import nnapi as runtime
+from mobilebuild.worker.stages import calibration, fuse, modeling, nnapi, quantize
 
 INPUT = {"shape": [1, 3, 12, 12], "dtype": "float32", "memory_format": "contiguous"}
 STATIC = {"mode": "static", "weights": None}
@@ -55,15 +59,16 @@ def artifacts(tmp_path_factory):
     """The fused float model and its qnnpack-quantized state, as the fuse and quantize stages leave them."""
     folder = tmp_path_factory.mktemp("nnapi")
     modeling.save_module(tiny(), folder / "fused.pt")
-    batches = quantize.calibration_batches({"source": "random", "seed": 0, "batches": 2}, INPUT)
+    batches = calibration.batches({"source": "random", "seed": 0, "batches": 2}, INPUT)
     quantized = quantize.static(tiny(), "qnnpack", batches)
     modeling.save(quantized.state_dict(), folder / "quantized.pt")
     return folder
 
 
 def stage_config(mode, bundled_inputs=True):
-    return {"mode": mode, "engine": "qnnpack", "quantization": None if mode == "none" else STATIC,
-            "input": INPUT, "options": {"bundled_inputs": bundled_inputs}}
+    return NnapiConfig(precision="fp32" if mode == "none" else "int8", mode=mode, engine="qnnpack",
+                       quantization=None if mode == "none" else STATIC, input=INPUT,
+                       options={"bundled_inputs": bundled_inputs})
 
 
 def build(artifacts, mode, output, **options):
@@ -141,7 +146,7 @@ def test_a_node_the_converter_refuses_is_located(tmp_path):
 
 def test_quantized_modes_need_a_quantized_model(artifacts, tmp_path):
     with pytest.raises(MobileBuildError, match="add a quantize step"):
-        nnapi.run({"model": artifacts / "fused.pt"}, {**stage_config("core"), "quantization": None},
+        nnapi.run({"model": artifacts / "fused.pt"}, dataclasses.replace(stage_config("core"), quantization=None),
                   tmp_path / "out.ptl")
 
 
@@ -149,7 +154,7 @@ def test_quantized_modes_need_a_quantized_model(artifacts, tmp_path):
 def test_loading_on_the_host_says_where_it_runs(artifacts, tmp_path):
     path = build(artifacts, "none", tmp_path / "none.ptl", bundled_inputs=False)
     with pytest.raises(MobileBuildError, match="Android device with NNAPI") as raised:
-        runtime.load(path, {})
+        runtime.load(path, SimpleNamespace())
     assert raised.value.field == "targets"
     assert runtime.inspect(path, {})["runs_on_host"] is False
 

@@ -1,8 +1,11 @@
 """Progress notes of long stages: on stderr, under their task's name, in the order the work happens."""
 
+import pytest
 from conftest import tiny_recipe
 
-from mobilebuild import progress
+from mobilebuild.worker import progress
+
+pytestmark = pytest.mark.slow  # real builds, ExecuTorch lowering included
 
 TARGETS = [{"backend": "xnnpack", "runtime": "executorch", "precision": "int8", "name": "et-int8"},
            {"backend": "onnx", "precision": "int8", "name": "onnx-int8"}]

@@ -6,8 +6,8 @@ import pytest
 import yaml
 from conftest import tiny_recipe
 
-from mobilebuild import recipe
 from mobilebuild.errors import RecipeErrors
+from mobilebuild.plan import recipe
 
 
 def write(root, data, name="tiny.yaml"):

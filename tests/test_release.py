@@ -8,8 +8,11 @@ import subprocess
 import pytest
 from conftest import Project, tiny_recipe
 
-from mobilebuild import release, store
+from mobilebuild import store
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.results import release
+
+pytestmark = pytest.mark.slow  # a built project, and verify-release rebuilding it
 
 SHIPPED = ["tiny/tiny-qnnpack.ptl", "tiny/tiny-xnnpack.ptl"]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from matplotlib import image
 
-from mobilebuild import report
+from mobilebuild.results import report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TOOLCHAIN = {"mobilebuild": "0.1.0", "python": "3.11.7", "torch": "2.12.1", "torchvision": "0.27.1"}
@@ -413,5 +413,5 @@ def test_main_writes_the_report_or_says_there_is_nothing_to_report(tmp_path, cap
 def test_report_does_not_import_torch():
     import subprocess
 
-    code = "import sys, mobilebuild.report; sys.exit('torch' in sys.modules)"
+    code = "import sys, mobilebuild.results.report; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

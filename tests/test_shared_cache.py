@@ -2,7 +2,10 @@
 
 import hashlib
 
+import pytest
 from conftest import checkouts, tiny_recipe
+
+pytestmark = pytest.mark.slow  # checkouts built end to end
 
 
 def digests(project):

@@ -7,8 +7,8 @@ from torch.jit.mobile import _load_for_lite_interpreter
 from torch.utils.mobile_optimizer import optimize_for_mobile
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.metrics import sqnr_db
-from mobilebuild.stages import checkpoint, fuse, modeling, optimize, quantize, script
+from mobilebuild.worker.metrics import sqnr_db
+from mobilebuild.worker.stages import calibration, checkpoint, fuse, modeling, optimize, quantize, script
 
 INPUT = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
 OPTIONS = {"blocklist": [], "preserved_methods": [], "bundled_inputs": True}
@@ -93,7 +93,7 @@ def test_int8_artifact_stays_close_to_eager(tmp_path):
     with torch.no_grad():
         reference = model(x)
     fused, _ = fuse.fuse(model, "auto")
-    quantized = quantize.static(fused, "qnnpack", quantize.calibration_batches(
+    quantized = quantize.static(fused, "qnnpack", calibration.batches(
         {"source": "random", "batches": 4, "seed": 0}, INPUT))
     scripted = script.to_torchscript(quantized, "script", x)
     path = tmp_path / "int8.ptl"
@@ -192,7 +192,7 @@ class TestImageCalibration:
 
         for index in range(3):
             Image.new("RGB", (20, 10), (index * 100, 50, 200)).save(tmp_path / f"{index}.png")
-        batches = list(quantize.calibration_batches(
+        batches = list(calibration.batches(
             {"source": "images", "path": str(tmp_path), "batches": 2, "mean": [0.5, 0.5, 0.5],
              "std": [0.5, 0.5, 0.5]}, self.IMAGE_INPUT))
         assert len(batches) == 2 and batches[0].shape == (2, 3, 16, 16)
@@ -201,10 +201,8 @@ class TestImageCalibration:
     def test_a_file_that_is_not_an_image(self, tmp_path):
         (tmp_path / "notes.txt").write_text("hello")
         with pytest.raises(MobileBuildError, match=r"notes.txt is not a readable image"):
-            list(quantize.calibration_batches({"source": "images", "path": str(tmp_path), "batches": 1},
-                                              self.IMAGE_INPUT))
+            list(calibration.batches({"source": "images", "path": str(tmp_path), "batches": 1}, self.IMAGE_INPUT))
 
     def test_an_empty_folder(self, tmp_path):
         with pytest.raises(MobileBuildError, match="holds no images"):
-            list(quantize.calibration_batches({"source": "images", "path": str(tmp_path), "batches": 1},
-                                              self.IMAGE_INPUT))
+            list(calibration.batches({"source": "images", "path": str(tmp_path), "batches": 1}, self.IMAGE_INPUT))

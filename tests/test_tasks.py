@@ -9,6 +9,8 @@ from conftest import REPO, tiny_recipe
 
 from mobilebuild import store
 
+pytestmark = pytest.mark.slow  # incremental builds through real doit
+
 ALL_TASKS = sorted([
     "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
     "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "verify:tiny-xnnpack", "verify:tiny-qnnpack",
@@ -173,7 +175,7 @@ def test_built_ptl_files_match_the_eager_model(project, mode, monkeypatch):
     import torch
     from torch.jit.mobile import _load_for_lite_interpreter
 
-    from mobilebuild.metrics import sqnr_db
+    from mobilebuild.worker.metrics import sqnr_db
 
     project.write_recipe(tiny_recipe(script=mode))
     project.doit()

@@ -6,8 +6,10 @@ import json
 import torch
 from torch import nn
 
-from mobilebuild import worker
-from mobilebuild.stages import bench
+from mobilebuild.build import worker_pool
+from mobilebuild.plan import stages
+from mobilebuild.plan.stages import BenchConfig
+from mobilebuild.worker.stages import bench
 
 
 def lite_model(path, features):
@@ -17,9 +19,9 @@ def lite_model(path, features):
 
 
 def config(threads=1):
-    return {"runtime": "pytorch-mobile", "engine": None, "runs_on_host": True,
-            "timing": {"threads": threads, "warmup": 1, "iters": 5},
-            "input": {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}}
+    return BenchConfig(runtime="pytorch-mobile", runtime_module="mobilebuild.worker.runtimes.pytorch_mobile",
+                       runs_on_host=True, timing={"threads": threads, "warmup": 1, "iters": 5},
+                       input={"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"})
 
 
 def rss_mb():
@@ -31,8 +33,9 @@ def test_peak_memory_is_the_models_not_the_builds(tmp_path):
     """The timing process used to report the high-water mark of the process that started it (a stage worker that
     had built MobileNetV2: 1.3 GB for every model)."""
     ballast = torch.ones(200 * 2**20)  # 800 MB resident here, in the process that asks for the measurement
-    small = bench.time_in_subprocess({**config(), "path": lite_model(tmp_path / "small.ptl", 4), "label": "small"})
-    large = bench.time_in_subprocess({**config(), "path": lite_model(tmp_path / "large.ptl", 400_000),
+    small = bench.time_in_subprocess({"config": config(), "path": lite_model(tmp_path / "small.ptl", 4),
+                                      "label": "small"})
+    large = bench.time_in_subprocess({"config": config(), "path": lite_model(tmp_path / "large.ptl", 400_000),
                                       "label": "large"})  # 77 MB of weights
     assert small["peak_rss_mb"] < rss_mb() - 600
     assert large["peak_rss_mb"] - small["peak_rss_mb"] > 70
@@ -44,9 +47,10 @@ def test_the_recipes_threads_hold_in_a_build_that_computes_with_one(tmp_path):
     path = lite_model(tmp_path / "model.ptl", 4)
     for threads in (2, 1):
         output = tmp_path / f"bench-{threads}.json"
-        reply = worker.call({"stage": "bench", "inputs": {"artifact": path}, "config": config(threads),
-                             "output": str(output), "root": str(tmp_path), "task": "bench:model"})
+        reply = worker_pool.call({"stage": "bench", "inputs": {"artifact": path},
+                                  "config": stages.as_json(config(threads)), "output": str(output),
+                                  "root": str(tmp_path), "task": "bench:model"})
         assert set(reply) == {"printed"}, reply
         result = json.loads(output.read_text())
         assert result["status"] == "ran" and result["threads"] == threads
-    worker.close_all()
+    worker_pool.close_all()

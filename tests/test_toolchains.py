@@ -7,7 +7,9 @@ import sys
 import pytest
 from conftest import Project, tiny_recipe
 
-from mobilebuild import release
+from mobilebuild.results import release
+
+pytestmark = pytest.mark.slow  # builds through real doit with another interpreter
 
 
 @pytest.mark.parametrize(("backend", "build"), [("vulkan", "USE_VULKAN=1"), ("metal", "Metal export ops")])

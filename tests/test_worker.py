@@ -1,9 +1,11 @@
 """The stage worker: what a stage computes must not depend on the machine it runs on."""
 
+import pytest
 import yaml
 from conftest import REPO, checkouts
 
 
+@pytest.mark.slow
 def test_artifacts_do_not_depend_on_the_hosts_thread_count(tmp_path):
     """Batch-norm statistics over 224x224 activations are reductions torch splits across its threads; with a thread
     per core they rounded differently on machines with different core counts. OMP_NUM_THREADS stands in for the
@@ -23,17 +25,19 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
     import torch
     from torch import nn
 
-    from mobilebuild import worker
+    from mobilebuild.build import worker_pool
+    from mobilebuild.plan import stages
 
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(private_tmp))
     torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), tmp_path / "model.pt")
-    config = {"delegate": "coreml", "input": {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}}
-    reply = worker.call({"stage": "lower", "inputs": {"model": str(tmp_path / "model.pt")}, "config": config,
+    config = stages.as_json(stages.LowerConfig(precision="fp32", delegate="coreml", options={}, input={
+        "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}))
+    reply = worker_pool.call({"stage": "lower", "inputs": {"model": str(tmp_path / "model.pt")}, "config": config,
                          "output": str(tmp_path / "model.pte"), "root": str(tmp_path)})
     assert set(reply) == {"printed"}, reply
     assert (tmp_path / "model.pte").stat().st_size > 1000
     assert list(private_tmp.rglob("*.mlpackage")), "the lowering left no package for the exit to remove"
-    worker.close_all()
+    worker_pool.close_all()
     assert not list(private_tmp.rglob("*.mlpackage"))

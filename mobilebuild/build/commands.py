@@ -1,0 +1,84 @@
+"""doit command plugins: `doit report` and `doit graph` (registered in pyproject.toml, [tool.doit.plugins.command],
+and by `mobilebuild` itself). Neither builds anything."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from doit.cmd_base import Command, DoitCmdBase
+
+from mobilebuild import store
+from mobilebuild.plan import graph, stages
+
+PLUGINS = {"report": "mobilebuild.build.commands:Report", "graph": "mobilebuild.build.commands:Graph"}
+
+# The stages' own colours (plan.stages), and the tasks that gather them.
+GATHERING_COLOURS = {"verified": "#b4a7d6", "render_report": "#cccccc", "release": "#b6d7a8"}
+
+
+def stage_colours():
+    return {**{stage.name: stage.colour for stage in stages.all_stages()}, **GATHERING_COLOURS}
+
+
+class Report(Command):
+    doc_purpose = "write artifacts/report.md and report.html from the results already built (builds nothing)"
+    doc_usage = ""
+    doc_description = None
+    cmd_options = ()
+
+    def execute(self, opt_values, pos_args):
+        from mobilebuild.results import report  # matplotlib: only when a report is written
+
+        return report.main(graph.ARTIFACTS_DIR)
+
+
+opt_output = {
+    "name": "output", "short": "o", "long": "output", "type": str, "default": f"{graph.ARTIFACTS_DIR}/graph.dot",
+    "help": "where to write the DOT file; SVG and PNG go beside it when Graphviz `dot` is installed",
+}
+
+
+class Graph(DoitCmdBase):
+    doc_purpose = "write the task graph as Graphviz DOT (and SVG/PNG where `dot` is installed)"
+    doc_usage = "[TASK ...]"
+    doc_description = None
+    cmd_options = (opt_output,)
+
+    def _execute(self, output, pos_args=None):
+        path = Path(output)
+        store.write_text(path, dot_source(self.task_list))
+        written = [path]
+        if shutil.which("dot"):
+            for fmt in ("svg", "png"):
+                rendered = path.with_suffix(f".{fmt}")
+                subprocess.run(["dot", f"-T{fmt}", str(path), "-o", str(rendered)], check=True)
+                written.append(rendered)
+        else:
+            print("Graphviz `dot` is not installed: wrote DOT only (render it with `dot -Tsvg`)")
+        print("wrote " + ", ".join(map(str, written)))
+        return 0
+
+
+def dot_source(tasks):
+    """Tasks with actions become nodes, coloured by stage; an edge runs from the task that makes a file to each
+    task that reads it, and along explicit task dependencies between such tasks."""
+    made_by = {target: task.name for task in tasks for target in task.targets}
+    shown = {task.name for task in tasks if task.actions}
+    colours = stage_colours()
+    lines = ["digraph mobilebuild {", "  rankdir=LR;",
+             '  node [shape=box, style="rounded,filled", fontname=Helvetica];']
+    for task in sorted(tasks, key=lambda t: t.name):
+        if task.name not in shown:
+            continue
+        colour = colours.get(task.name.split(":")[0], "#ffffff")
+        lines.append(f'  "{task.name}" [fillcolor="{colour}"];')
+    edges = set()
+    for task in tasks:
+        if task.name not in shown:
+            continue
+        sources = [made_by[dep] for dep in task.file_dep if dep in made_by]
+        sources += [dep for dep in task.task_dep if dep in shown]
+        edges.update((source, task.name) for source in sources)
+    lines += [f'  "{source}" -> "{target}";' for source, target in sorted(edges)]
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,74 @@
+"""Node actions on Dask workers; doit keeps the graph and the up-to-date checks (`mobilebuild build --dask ADDR`).
+
+Files travel through the shared artifact cache (cache.py), so workers need no shared disk: the build publishes a
+node's input files there under their sha256, the worker fetches them into a scratch folder laid out like the
+repository, runs the stage in its own stage worker (worker.py: the same reproducible process as a local build), and
+publishes the output under the node's cache key, which the build then fetches. A user error comes back as the same
+reply a local stage worker gives; a worker lost mid-task is Dask's to re-run elsewhere, and since an entry is
+published only once complete, nothing half-built is ever fetched.
+
+No dask import until a build asks for it: the task layer must stay fast.
+"""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+ADDRESS_VARIABLE = "MOBILEBUILD_DASK"  # set by `mobilebuild build --dask`; read by every doit process and thread
+
+_clients = {}
+
+
+def address():
+    return os.environ.get(ADDRESS_VARIABLE) or None
+
+
+def client():
+    """One client per process (doit's threads share it) for the scheduler named in the environment."""
+    from distributed import Client
+
+    found = _clients.get(os.getpid())
+    if found is None:
+        found = _clients[os.getpid()] = Client(address(), set_as_default=False)
+    return found
+
+
+def run_remote(node, request, shared, key, python=None):
+    """Build `node` (the stage worker's `request` for it) on a Dask worker; return the stage worker's reply, which
+    execute.py reads as for a local run. On success the output is in the cache under `key`."""
+    from mobilebuild import store
+
+    files = {}
+    for path in [*node.inputs.values(), *node.files]:
+        digest = store.sha256_file(path)
+        if not shared.has(digest):
+            shared.store(digest, {"blob": Path(path)})
+        files[path] = digest
+    future = client().submit(build_on_worker, request, files, shared.url, key, python,
+                             key=f"{node.task_name}-{key[:16]}", pure=False)
+    return future.result()
+
+
+def build_on_worker(request, files, cache_url, key, python=None):
+    """On a Dask worker: fetch the inputs into a scratch repository, run the stage, publish the output."""
+    from mobilebuild.build import cache, worker_pool
+
+    shared = cache.Cache(cache_url)
+    scratch = Path(tempfile.mkdtemp(prefix="mobilebuild-"))
+    try:
+        for path, digest in files.items():
+            if shared.fetch(digest, {"blob": scratch / path}) is None:
+                return {"error": {"message": f"{path} is missing from the artifact cache at {cache_url}",
+                                  "field": None, "file": None}, "printed": ""}
+        output = scratch / request["output"]
+        output.parent.mkdir(parents=True, exist_ok=True)
+        reply = worker_pool.call({**request, "root": str(scratch),
+                             "output": str(output.with_name(f".{output.name}.partial"))}, python)
+        if set(reply) & {"error", "oserror", "crash"}:
+            return reply
+        os.replace(output.with_name(f".{output.name}.partial"), output)
+        shared.store(key, {"artifact": output})
+        return reply
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""Running one graph node: the stage function behind it, an atomic output, user errors as one line.
+
+Imported by the task layer, so it must not import torch itself: stage modules are imported when a node runs.
+"""
+
+import contextlib
+import functools
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+from mobilebuild import store
+from mobilebuild.build import distributed, worker_pool
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.plan import stages
+
+
+def run_node(node):
+    """Build one node, or fetch it from the shared cache; return doit's TaskFailed (rendered as a single line) for a
+    user mistake."""
+    started = time.perf_counter()
+    shared, key = _cache_entry(node)
+    if key is not None and shared.fetch(key, {"artifact": Path(node.output)}) is not None:
+        print(f"   {node.output} (from the cache)", flush=True)
+        return None
+    remote = distributed.address() is not None and not stages.get(node.stage).in_process
+    try:
+        if remote:
+            _build_remotely(node, shared, key)
+        else:
+            with store.atomic_output(node.output) as tmp:
+                _run_stage(node, tmp)
+    except MobileBuildError as exc:
+        exc.field = recipe_field(exc.field, node.fields)
+        return TaskFailed(str(exc.located(node.recipe_file)))
+    except OSError as exc:  # a full disk, a file-size limit, a read-only artifacts folder: the machine, not the recipe
+        return TaskFailed(_os_problem(exc, node.output))
+    except worker_pool.WorkerDied as exc:
+        return TaskFailed(f"{node.recipe_file}: {node.task_name}: {exc}; nothing was written")
+    size = os.path.getsize(node.output)
+    print(f"   {node.output} ({size / 1e6:.2f} MB, {time.perf_counter() - started:.1f} s)", flush=True)
+    if key is not None and not remote:  # a Dask worker has stored it
+        with contextlib.suppress(OSError):  # an unwritable cache costs the next build time, never this one
+            shared.store(key, {"artifact": Path(node.output)})
+    return None
+
+
+@functools.cache
+def shared_cache():
+    """The shared artifact cache ($MOBILEBUILD_CACHE, by default a folder in the user's cache directory), or None
+    when it is off."""
+    from mobilebuild.build import cache  # fsspec: only when something is built
+
+    url = cache.default_url()
+    return cache.Cache(url) if url else None
+
+
+def _cache_entry(node):
+    """(cache, key) for a node the cache holds; (None, None) otherwise. A benchmark is only worth reusing on the
+    same kind of machine: its key names the host."""
+    if not stages.get(node.stage).cached or shared_cache() is None:
+        return None, None
+    from mobilebuild.build import cache
+    from mobilebuild.worker.stages.bench import host  # no torch there
+
+    hashes = {f"input:{role}": store.sha256_file(path) for role, path in node.inputs.items()}
+    hashes.update({f"file:{path}": store.sha256_file(path) for path in node.files})
+    if node.stage == "bench":
+        hashes["host"] = json.dumps(host(), sort_keys=True)
+    return shared_cache(), cache.entry_key(node.key(), hashes)
+
+
+def request(node, output):
+    """What a stage worker, here or on Dask, needs to run `node` into `output`."""
+    stage = stages.get(node.stage)
+    return {"stage": node.stage, "module": stage.module_path, "config_type": stages.type_path(stage.config),
+            "measures": stage.measures, "inputs": node.inputs, "config": node.config, "output": str(output),
+            "task": node.task_name}
+
+
+def _run_stage(node, output):
+    stage = stages.get(node.stage)
+    if stage.in_process:
+        module = importlib.import_module(stage.module_path)
+        module.run({role: Path(p) for role, p in node.inputs.items()}, node.settings, output)
+        return
+    reply = worker_pool.call({**request(node, output), "root": os.getcwd()}, python=node.interpreter)
+    _raise_failure(node, reply)
+
+
+def _build_remotely(node, shared, key):
+    """The node on a Dask worker (distributed.py); its output comes back through the shared cache."""
+    if key is None:
+        raise MobileBuildError("a build on Dask moves files through the shared artifact cache, which is off "
+                               "(MOBILEBUILD_CACHE): point it at storage every worker can reach")
+    reply = distributed.run_remote(node, request(node, node.output), shared, key, python=node.interpreter)
+    _raise_failure(node, reply)
+    if shared.fetch(key, {"artifact": Path(node.output)}) is None:
+        raise RuntimeError(f"{node.task_name}: built on a Dask worker but not found in the cache {shared.location}")
+
+
+def _raise_failure(node, reply):
+    """Print what the stage printed in its worker; raise what a failing stage would have raised here."""
+    sys.stdout.write(reply["printed"])
+    if "error" in reply:
+        raise MobileBuildError(**reply["error"])
+    if "oserror" in reply:
+        problem = reply["oserror"]
+        raise OSError(problem["errno"], problem["strerror"] or problem["text"], problem["filename"])
+    if "crash" in reply:  # a bug of mobilebuild's, not the user's: the traceback is for us
+        raise RuntimeError(f"{node.task_name} crashed in its worker:\n{reply['crash']}")
+
+
+def recipe_field(field, fields):
+    """A stage names settings by their recipe-level field ("quantize.calibration.path"); a target's own settings
+    sit under the target (see graph.Node.fields)."""
+    for prefix in sorted(fields, key=len, reverse=True):
+        if field and (field == prefix or field.startswith((f"{prefix}.", f"{prefix}["))):
+            return fields[prefix] + field[len(prefix):]
+    return field
+
+
+def _os_problem(exc, output):
+    """One line naming the file and the OS's reason. Writes go to a temporary file beside the output (or, through
+    a file handle, name no file at all): either way the artifact is what could not be written."""
+    name = Path(os.fsdecode(exc.filename)) if isinstance(exc.filename, (str, bytes)) and exc.filename else None
+    output = Path(output)
+    if name is None or name == output or name == output.parent or name.name.startswith(f".{output.name}"):
+        return f"cannot write {output}: {exc.strerror or exc}"
+    return f"{name}: {exc.strerror or exc}"

@@ -1,0 +1,268 @@
+"""One target's chain of nodes, from its weights to its shipped artifact, and the built-in stages' planners.
+
+The graph walks `CHAIN` then the route's own stages; each stage's planner (`Stage.plan`) adds its node, or none
+where the target does not need it (no pruning, a float target's quantization). Targets that share settings get the
+same node names, so their nodes merge. Names, settings and paths only.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.plan import stages, toolchain
+from mobilebuild.plan.node import Node
+
+ARTIFACTS_DIR = "artifacts"
+CHAIN = ("prune", "fuse", "quantize")  # before every route's own stages
+
+
+def out_dir(recipe):
+    return f"{ARTIFACTS_DIR}/{recipe.name}"
+
+
+def model_source(model):
+    keys = ("torchvision", "quantizable", "factory", "kwargs")
+    return {k: model[k] for k in keys if k in model}
+
+
+def source_files(root, *specs):
+    """The repository files behind 'package.module:function' specs that live in the repository, found without
+    importing anything, so that editing a factory rebuilds what it made."""
+    found = []
+    for spec in filter(None, specs):
+        module = spec.split(":")[0].split(".")
+        for candidate in (Path(root, *module).with_suffix(".py"), Path(root, *module, "__init__.py")):
+            if candidate.is_file():
+                found.append(candidate.relative_to(root).as_posix())
+                break
+    return tuple(found)
+
+
+@dataclass
+class Chain:
+    """What a stage's planner knows: the recipe, the target and its route, and the nodes made before it."""
+
+    recipe: object
+    target: object
+    route: object
+    root: str
+    nodes: dict  # stage -> the node it made for this target ("checkpoint": the recipe's)
+    precision: str = field(init=False)
+    fields: dict = field(init=False)  # see Node.fields
+    own_weights: bool = field(init=False)  # its own pruning: its own chain from the weights on
+    own_quantization: bool = field(init=False)
+
+    def __post_init__(self):
+        recipe, target = self.recipe, self.target
+        self.precision = self.route.precision(target)
+        self.own_weights = target.prune != recipe.prune
+        self.own_quantization = self.own_weights or target.quantize != recipe.quantize
+        self.fields = {"targets": f"targets[{target.index}]"}
+        if self.own_weights:
+            self.fields["prune"] = f"targets[{target.index}].prune"
+        for key, value in target.quantize.items():
+            if value != recipe.quantize.get(key):
+                self.fields[f"quantize.{key}"] = f"targets[{target.index}].quantize.{key}"
+
+    @property
+    def out(self):
+        return out_dir(self.recipe)
+
+    @property
+    def source(self):
+        return model_source(self.recipe.model)
+
+    @property
+    def source_files(self):
+        return source_files(self.root, self.recipe.model.get("factory"))
+
+    @property
+    def settings(self):
+        """The target's own section for its route (`nnapi:`, `executorch:`, `onnx:`)."""
+        return dict(self.target.settings.get(self.route.settings, {})) if self.route.settings else {}
+
+    @property
+    def quantization(self):
+        """How an int8 model was quantized, for the stages that rebuild it and for the manifest."""
+        if self.precision != "int8":
+            return None
+        return {"mode": self.target.quantize["mode"], "weights": self.target.quantize.get("weights")}
+
+    def where(self, name):
+        return self.fields.get(name, name)
+
+    def node(self, stage, name, settings, inputs, output, **extra):
+        """A node of `stage`, its inputs ({role: upstream node, or a repository file}) checked against the stage's
+        contract."""
+        stages.get(stage).check_inputs({role: source.stage if isinstance(source, Node) else stages.FILE
+                                        for role, source in inputs.items()})
+        return Node(stage, name, recipe=self.recipe.name, recipe_file=self.recipe.file, settings=settings,
+                    inputs={role: source.output if isinstance(source, Node) else source
+                            for role, source in inputs.items()},
+                    output=output, **extra)
+
+    def shipped(self, stage, settings, inputs, files=()):
+        """The node that writes the target's shipped artifact."""
+        name = f"{self.recipe.name}-{self.target.id}"
+        interpreter = toolchain.interpreter(self.target.toolchain, self.recipe.file, self.root,
+                                            f"targets[{self.target.index}].toolchain")
+        return self.node(stage, name, settings, inputs, f"{self.out}/{name}{self.route.suffix}", files=files,
+                         fields=self.fields, interpreter=interpreter,
+                         describes={"backend": self.route.backend, "runtime": self.route.runtime,
+                                    "target": self.target.id})
+
+    def model_inputs(self):
+        """The fused model, and its eager quantization where the chain has one."""
+        found = {"model": self.nodes["fuse"]}
+        if "quantize" in self.nodes:
+            found["quantized"] = self.nodes["quantize"]
+        return found
+
+    def calibration_files(self, settings):
+        """The files calibration reads, so that changing them re-runs it."""
+        calibration = settings["calibration"]
+        if calibration["source"] == "function":
+            return source_files(self.root, calibration["function"])
+        if calibration["source"] != "images":
+            return ()
+        where = self.where("quantize.calibration")
+        files, links = files_below(calibration["path"], self.root)
+        if not files:
+            raise MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
+                                   file=self.recipe.file, field=f"{where}.path")
+        escaping = _escaping(links, self.root)
+        if escaping:
+            raise MobileBuildError(f"{escaping[0]} leaves the repository (a symlink); calibration images must "
+                                   "stay inside it", file=self.recipe.file, field=f"{where}.path")
+        return tuple(files)
+
+    def static_only(self):
+        """The calibration settings of a route that quantizes with calibration data only."""
+        if self.target.quantize["mode"] != "static":
+            raise MobileBuildError(f"{self.route.backend} ({self.route.runtime}) quantizes with calibration data only: "
+                                   f"expected mode 'static', got {self.target.quantize['mode']!r}",
+                                   file=self.recipe.file, field=self.where("quantize.mode"))
+        return self.target.quantize["calibration"], self.calibration_files(self.target.quantize)
+
+
+def files_below(directory, root):
+    """The files below `directory`, relative to `root` and sorted, and which of them are symlinks. Read from directory
+    entries, without a stat per plain file: a calibration folder may hold thousands of images, listed at every task
+    load. Like Path.rglob, it does not enter symlinked folders and skips unreadable ones."""
+    prefix = os.path.join(root, "")
+    files, links, pending = [], [], [os.path.join(root, directory)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            elif entry.is_file():  # a symlink to a file is a file here, and a link to check
+                name = entry.path[len(prefix):].replace(os.sep, "/")
+                files.append(name)
+                if entry.is_symlink():
+                    links.append(name)
+    return sorted(files), links
+
+
+def _escaping(links, root):
+    """The symlinks that lead outside the repository: recipe paths must stay inside it, links included."""
+    inside = Path(root).resolve()
+    return [link for link in links if not Path(root, link).resolve().is_relative_to(inside)]
+
+
+# --- the built-in stages' planners ------------------------------------------------------------------------------
+
+def _weights_tag(chain):
+    return f"-{chain.target.id}" if chain.own_weights else ""
+
+
+def prune(chain):
+    if not chain.target.prune:
+        return None
+    tag = _weights_tag(chain)
+    config = stages.PruneConfig(model=chain.source, prune=chain.target.prune)
+    return chain.node("prune", chain.recipe.name + tag, config, {"checkpoint": chain.nodes["checkpoint"]},
+                      f"{chain.out}/pruned{tag}.pt",
+                      files=chain.source_files, fields=chain.fields if chain.own_weights else {})
+
+
+def fuse(chain):
+    tag = _weights_tag(chain)
+    recipe = chain.recipe
+    return chain.node("fuse", recipe.name + tag,
+                      stages.FuseConfig(model=chain.source, fuse=recipe.fuse, input=recipe.input),
+                      {"checkpoint": chain.nodes.get("prune") or chain.nodes["checkpoint"]},
+                      f"{chain.out}/fused{tag}.pt", files=chain.source_files)
+
+
+def quantize(chain):
+    """Eager quantization with the route's engine, for the int8 targets of routes that quantize that way."""
+    route, recipe, settings = chain.route, chain.recipe, chain.target.quantize
+    if chain.precision != "int8" or route.quantizer != "eager":
+        return None
+    inputs, files, calibration = {"model": chain.nodes["fuse"]}, (), None
+    if settings["mode"] == "static":
+        calibration = settings["calibration"]
+        files = chain.calibration_files(settings)
+    elif settings["mode"] == "qat":
+        inputs["trained"] = settings["checkpoint"]
+    name = f"{recipe.name}-{chain.target.id}" if chain.own_quantization else f"{recipe.name}-{route.engine}"
+    config = stages.QuantizeConfig(engine=route.engine, mode=settings["mode"], weights=settings.get("weights"),
+                                   input=recipe.input, model=chain.source, fuse=recipe.fuse, calibration=calibration)
+    return chain.node("quantize", name, config, inputs,
+                      f"{chain.out}/quantized-{name.removeprefix(recipe.name + '-')}.pt",
+                      files=chain.source_files + files, fields=chain.fields if chain.own_quantization else {})
+
+
+def script(chain):
+    """TorchScript per precision (and engine): the targets of one precision share it. It reads the pickled fused
+    model, whose unpickling imports the factory: its source is among the node's files."""
+    recipe, route = chain.recipe, chain.route
+    tag = chain.target.id if chain.own_quantization else route.tag(chain.precision)
+    config = stages.ScriptConfig(mode=recipe.script, precision=chain.precision, engine=route.engine,
+                                 quantization=chain.quantization, input=recipe.input)
+    return chain.node("script", f"{recipe.name}-{tag}", config, chain.model_inputs(),
+                      f"{chain.out}/scripted-{tag}.pt", files=chain.source_files)
+
+
+def optimize(chain):
+    route, recipe = chain.route, chain.recipe
+    config = stages.OptimizeConfig(backend=route.backend, engine=route.engine if chain.precision == "int8" else None,
+                                   options=chain.target.optimize, script_mode=recipe.script, input=recipe.input)
+    return chain.shipped("optimize", config, {"scripted": chain.nodes["script"]})
+
+
+def nnapi(chain):
+    settings = chain.settings
+    config = stages.NnapiConfig(precision=chain.precision, input=chain.recipe.input, mode=settings["mode"],
+                                engine=chain.route.engine, quantization=chain.quantization,
+                                options={"bundled_inputs": chain.target.optimize["bundled_inputs"]})
+    return chain.shipped("nnapi", config, chain.model_inputs(), files=chain.source_files)
+
+
+def _final_quantization(chain):
+    """(calibration, weights, files) of a route that quantizes in its final stage."""
+    if chain.precision != "int8":
+        return None, None, chain.source_files
+    calibration, files = chain.static_only()
+    return calibration, chain.target.quantize.get("weights"), chain.source_files + files
+
+
+def lower(chain):
+    calibration, weights, files = _final_quantization(chain)
+    options = chain.settings
+    config = stages.LowerConfig(precision=chain.precision, input=chain.recipe.input,
+                                delegate=options.pop("delegate", chain.route.delegate), options=options,
+                                calibration=calibration, weights=weights)
+    return chain.shipped("lower", config, {"model": chain.nodes["fuse"]}, files=files)
+
+
+def export(chain):
+    calibration, weights, files = _final_quantization(chain)
+    config = stages.ExportConfig(precision=chain.precision, input=chain.recipe.input, options=chain.settings,
+                                 calibration=calibration, weights=weights)
+    return chain.shipped("export", config, {"model": chain.nodes["fuse"]}, files=files)

@@ -1,0 +1,142 @@
+"""Recipes -> a graph of nodes: one file artifact each, identical nodes merged. Names, configs and paths only.
+
+A recipe gives its weights (trained, or from a checkpoint), each target's chain (plan.chain, walking the stages its
+route names) and, per target, a verification and a benchmark; a manifest gathers them. Every node's up-to-date key
+is `Node.key`: its stage, its settings and the toolchain versions; doit tracks its input files' contents.
+"""
+
+import os
+
+from mobilebuild.errors import MobileBuildError, RecipeErrors
+from mobilebuild.plan import routes, stages
+from mobilebuild.plan.chain import ARTIFACTS_DIR, CHAIN, Chain, model_source, out_dir, source_files
+from mobilebuild.plan.node import Node
+
+__all__ = ["ARTIFACTS_DIR", "Node", "build", "out_dir", "recipe_nodes", "select_device"]
+
+SERIAL_ENV_VARS = ("MOBILEBUILD_ADB_SERIAL", "ANDROID_SERIAL")
+
+
+def select_device(configured_serial=None, env=None):
+    """The Android device to benchmark on: the recipe's serial, else $MOBILEBUILD_ADB_SERIAL, else $ANDROID_SERIAL;
+    or None. The selection keys the bench node."""
+    env = os.environ if env is None else env
+    for candidate in (configured_serial, *(env.get(name) for name in SERIAL_ENV_VARS)):
+        if candidate:
+            return candidate
+    return None
+
+
+def recipe_nodes(recipe, root):
+    """The nodes one recipe needs, in dependency order."""
+    out = out_dir(recipe)
+    source = model_source(recipe.model)
+    factory_files = source_files(root, recipe.model.get("factory"))
+    common = {"recipe": recipe.name, "recipe_file": recipe.file}
+    nodes = []
+
+    weights = {}
+    if "train" in recipe.model:
+        train = recipe.model["train"]
+        node = Node("train", recipe.name, settings=stages.TrainConfig(model=source, seed=recipe.model["seed"],
+                                                                      train=train, input=recipe.input),
+                    inputs={}, output=f"{out}/trained.pt",
+                    files=factory_files + source_files(root, train["function"]), **common)
+        nodes.append(node)
+        weights = {"weights": node.output}
+    if "checkpoint" in recipe.model:
+        weights = {"weights": recipe.model["checkpoint"]}
+    checkpoint = Node("checkpoint", recipe.name,
+                      settings=stages.CheckpointConfig(model=source, seed=recipe.model["seed"],
+                                                       batchnorm_stats=recipe.model["batchnorm_stats"],
+                                                       input=recipe.input),
+                      inputs=weights, output=f"{out}/checkpoint.pt", files=factory_files, **common)
+    nodes.append(checkpoint)
+
+    timing = {key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}
+    eager_bench = Node("bench", f"{recipe.name}-eager",
+                       settings=stages.BenchConfig(runtime="eager", runtime_module=f"{routes.RUNTIMES_PACKAGE}.eager",
+                                                   model=source, input=recipe.input, timing=timing,
+                                                   runs_on_host=True),
+                       inputs={"checkpoint": checkpoint.output}, output=f"{out}/bench-eager.json", files=factory_files,
+                       **common)
+    results = [eager_bench]
+    targets = []
+
+    problems = []
+    for target in recipe.targets:
+        try:
+            route = routes.route_for(target, recipe.file)
+            chain = Chain(recipe, target, route, root, {"checkpoint": checkpoint})
+            for name in (*CHAIN, *route.stages):
+                node = stages.get(name).planner()(chain)
+                if node is not None:
+                    chain.nodes[name] = node
+                    nodes.append(node)
+        except MobileBuildError as exc:
+            problems.append(exc)
+            continue
+        final, precision = chain.nodes[route.final_stage], chain.precision
+        runtime = {"runtime": route.loader, "runtime_module": route.runtime_module_path,
+                   "engine": route.engine if route.quantizer == "eager" else None, "input": recipe.input,
+                   "runs_on_host": route.runs_on_host, "host_reason": route.host_reason}
+        results.append(chain.node(
+            "verify", f"{recipe.name}-{target.id}",
+            stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune,
+                                **_verify_settings(recipe.verify, precision)),
+            # a pruned artifact is checked against the pruned eager model: the build must not change it further
+            {"artifact": final, "checkpoint": chain.nodes.get("prune") or checkpoint},
+            f"{out}/verify-{target.id}.json",
+            files=source_files(root, recipe.model.get("factory"), recipe.verify.get("evaluation", {}).get("function")),
+            fields=chain.fields))
+        results.append(chain.node(
+            "bench", f"{recipe.name}-{target.id}",
+            stages.BenchConfig(**runtime, timing=timing, device=_device_settings(recipe.benchmark["device"], route)),
+            {"artifact": final}, f"{out}/bench-{target.id}.json", fields=chain.fields))
+        targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
+                        "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
+                        "device_only": route.device_only, "delegate": final.config.get("delegate"),
+                        "pruning": target.prune or None, "quantization": chain.quantization,
+                        "interpreter": final.interpreter})
+    if problems:
+        raise RecipeErrors(problems)
+
+    artifacts = list({node.task_name: node for node in nodes}.values())
+    manifest = Node(
+        "manifest", recipe.name,
+        settings=stages.ManifestConfig(
+            recipe=recipe.name, recipe_file=recipe.file, recipe_sha256=recipe.sha256,
+            artifacts=[{"stage": n.stage, "path": n.output, **n.describes} for n in artifacts],
+            targets=targets, checkpoint=checkpoint.output,
+            verification={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "verify"},
+            benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "bench"}),
+        inputs={n.task_name: n.output for n in artifacts + results}, output=f"{out}/manifest.json", **common)
+    return artifacts + results + [manifest]
+
+
+def _verify_settings(verify, precision):
+    settings = {"samples": verify["samples"], "seed": verify["seed"], "thresholds": verify["thresholds"][precision]}
+    if "evaluation" in verify:
+        settings["evaluation"] = verify["evaluation"]
+    return settings
+
+
+def _device_settings(device_config, route):
+    """Which Android device benchmarks a TorchScript artifact; the selection keys the bench task."""
+    if route.runtime != "pytorch-mobile":
+        return None
+    return {"serial": select_device(device_config.get("serial")), "binary": device_config["binary"],
+            "use_bundled_input": device_config["use_bundled_input"]}
+
+
+def build(recipes, root):
+    """All nodes of all recipes; raises RecipeErrors with every problem found."""
+    nodes, problems = [], []
+    for recipe in recipes:
+        try:
+            nodes.extend(recipe_nodes(recipe, root))
+        except RecipeErrors as exc:
+            problems.extend(exc.errors)
+    if problems:
+        raise RecipeErrors(problems)
+    return nodes

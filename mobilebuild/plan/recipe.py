@@ -1,0 +1,387 @@
+"""Recipe files: YAML in, validated against recipe.schema.json, defaults applied, paths resolved.
+
+Everything here is plain data; nothing imports torch.
+"""
+
+import copy
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mobilebuild import store
+from mobilebuild.errors import MobileBuildError, RecipeErrors
+from mobilebuild.plan import routes
+
+SCHEMA_PATH = Path(__file__).parents[1] / "recipe.schema.json"  # at the package's top: editors point at it
+CACHE_FILE = ".mobilebuild/recipes.json"
+RECIPE_DIR = "recipes"
+RECIPE_SUFFIXES = (".yaml", ".yml")
+# Bumped when parsing accepts less than before, so recipes validated by an older rule are checked again.
+PARSE_RULES = b"2: duplicate keys refused"
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The safe loader, refusing a key given twice in one mapping: YAML's own last-one-wins would silently drop the
+    first (two `targets:` lists, one of them ignored)."""
+
+
+def _mapping_without_duplicates(loader, node):
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` keys may be overridden: that is its purpose
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: construct_yaml_map reports it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    yield from loader.construct_yaml_map(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str
+    backend: str
+    runtime: str
+    optimize: dict
+    index: int  # position in `targets`, for error messages
+    prune: object = False  # this target's pruning: the recipe's unless it has its own
+    quantize: dict = field(default_factory=dict)  # the recipe's quantize, with this target's settings merged in
+    precision: str | None = None
+    toolchain: str | None = None  # another interpreter, as the recipe names it (see toolchain.py)
+    settings: dict = field(default_factory=dict)  # the routes' own sections (`nnapi:`, `executorch:`, `onnx:`)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    file: str  # relative to the repository root, POSIX
+    sha256: str
+    model: dict
+    input: dict
+    fuse: object
+    prune: object
+    quantize: dict
+    script: str
+    verify: dict
+    benchmark: dict
+    targets: tuple = field(default_factory=tuple)
+
+
+def schema():
+    """recipe.schema.json, with the backends, runtimes and target sections of the registered routes."""
+    return _schema(tuple(route.key for route in routes.all_routes()))
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(route_keys):
+    found = json.loads(SCHEMA_PATH.read_bytes())
+    target = found["properties"]["targets"]["items"]["properties"]
+    target["backend"]["enum"] = list(routes.backends())
+    target["runtime"]["enum"] = list(routes.runtimes())
+    for route in routes.all_routes():
+        if route.settings and route.settings not in target:
+            target[route.settings] = route.settings_schema or {"type": "object", "default": {}}
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_digest(route_keys):
+    return hashlib.sha256(json.dumps(_schema(route_keys), sort_keys=True).encode()).digest()
+
+
+def _validator():
+    return _compiled_validator(tuple(route.key for route in routes.all_routes()))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_validator(route_keys):
+    import jsonschema  # imported on first use: it is the slowest import of task loading
+
+    return jsonschema.Draft202012Validator(_schema(route_keys))
+
+
+def field_path(parts):
+    """['targets', 1, 'backend'] -> 'targets[1].backend'."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _describe(error):
+    """One line saying what was expected, in the user's terms rather than JSON Schema's."""
+    kind, expected = error.validator, error.validator_value
+    if kind == "enum":
+        return f"expected one of {', '.join(map(json.dumps, expected))}, got {json.dumps(error.instance)}"
+    if kind == "const":
+        return f"expected {json.dumps(expected)}, got {json.dumps(error.instance)}"
+    if kind == "type":
+        return f"expected {expected}, got {type(error.instance).__name__} {json.dumps(error.instance, default=str)}"
+    if kind == "required":
+        missing = [key for key in expected if key not in error.instance]
+        return f"missing required key {', '.join(map(repr, missing))}"
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed))
+        return f"unknown key {', '.join(map(repr, unknown))} (allowed: {', '.join(allowed)})"
+    if kind == "pattern":
+        return f"expected a value matching {expected}, got {json.dumps(error.instance)}"
+    if kind == "oneOf" and error.schema is schema()["properties"]["model"]:
+        return "expected exactly one model source: 'torchvision' or 'factory'"
+    if kind == "not" and error.schema is schema()["properties"]["model"]:
+        return "'checkpoint' and 'train' are exclusive: the weights come from one of them"
+    if kind == "oneOf" and error.schema is schema()["properties"]["fuse"]:
+        return "expected 'auto', false, or a list of module-name lists like [[conv, bn, relu]]"
+    return error.message
+
+
+def _line_column(mark):
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _character_at(text, mark):
+    lines = (text.decode("utf-8", "replace") if isinstance(text, bytes) else text).splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    return line[mark.column] if mark.column < len(line) else ""
+
+
+def _yaml_problem(exc, text):
+    """(where, what) for a YAML error: its line and column, and for an unclosed bracket or quote, where it opened."""
+    if isinstance(exc, yaml.reader.ReaderError):  # bytes that are not UTF-8 text, or a control character
+        before = (text if isinstance(text, bytes) else text.encode())[:exc.position]  # position: a byte offset
+        line_start = before.rfind(b"\n") + 1
+        line = before.count(b"\n") + 1
+        where = f"line {line}, column {len(before) - line_start + 1}"
+        if "UTF" in exc.reason:
+            return where, f"not UTF-8 text ({exc.reason}); save the recipe as UTF-8"
+        return where, f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark and _character_at(text, mark) == "\t":
+        problem = "found a tab; YAML indents with spaces only"
+    context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and opened and mark and opened.line != mark.line:
+        problem += f" ({context} at {_line_column(opened)})"
+    return (_line_column(mark) if mark else "YAML"), problem
+
+
+def _apply_defaults(node_schema, instance):
+    """Fill in the schema's declared defaults, so the schema stays the one source of truth for them."""
+    if not isinstance(instance, dict):
+        if isinstance(instance, list) and "items" in node_schema:
+            for item in instance:
+                _apply_defaults(node_schema["items"], item)
+        return
+    for key, sub in node_schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _apply_defaults(sub, instance[key])
+
+
+def parse(text, file):
+    """YAML text -> validated dict with defaults. Raises RecipeErrors listing every problem."""
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        where, problem = _yaml_problem(exc, text)
+        raise RecipeErrors([MobileBuildError(f"invalid YAML: {problem}", file=file, field=where)]) from None
+    if not isinstance(data, dict):
+        raise RecipeErrors([MobileBuildError("expected a mapping with name, model, input and targets", file=file)])
+    errors = sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
+    if errors:
+        # JSON Schema reports each missing required key on its own, and _describe names them all in each: one line
+        lines = (MobileBuildError(_describe(e), file=file, field=field_path(e.absolute_path) or "(top level)")
+                 for e in errors)
+        raise RecipeErrors({str(line): line for line in lines}.values())
+    _apply_defaults(schema(), data)
+    return data
+
+
+class ParseCache:
+    """Validated recipes by content: an up-to-date run neither parses YAML nor imports jsonschema again.
+
+    Keyed by the hash of the schema and the recipe's bytes, so any change to either validates afresh; entries not
+    used by the latest load are dropped.
+    """
+
+    def __init__(self, root):
+        self.path = Path(root) / CACHE_FILE
+        try:
+            self.entries = json.loads(self.path.read_bytes())
+        except (OSError, ValueError):
+            self.entries = {}
+        self.used = {}
+
+    def parse(self, raw, file):
+        routes_now = tuple(route.key for route in routes.all_routes())
+        key = hashlib.sha256(_schema_digest(routes_now) + b"\0" + PARSE_RULES + b"\0" + raw).hexdigest()
+        data = self.entries.get(key)
+        if data is None:
+            data = parse(raw, file)
+        self.used[key] = data
+        return copy.deepcopy(data)  # callers resolve paths in place
+
+    def save(self):
+        if self.used.keys() != self.entries.keys():
+            try:
+                store.write_text(self.path, json.dumps(self.used))
+            except OSError:
+                pass  # a read-only checkout still builds; it only validates every time
+
+
+def _repo_path(value, recipe_file, root, where, must_exist=True, kind="file"):
+    """Resolve a recipe-relative path; it must stay inside the repository (symlinks included) and be a `kind`
+    ("file" or "folder")."""
+    candidate = Path(value)
+    if candidate.is_absolute():
+        raise MobileBuildError(f"expected a path relative to the recipe, got absolute path {value!r}",
+                               file=recipe_file, field=where)
+    resolved = ((root / recipe_file).parent / candidate).resolve()
+    try:
+        relative = resolved.relative_to(root.resolve())
+    except ValueError:
+        raise MobileBuildError(f"path {value!r} leaves the repository", file=recipe_file, field=where) from None
+    if must_exist and not resolved.exists():
+        raise MobileBuildError(f"{value!r} does not exist", file=recipe_file, field=where)
+    if must_exist and resolved.is_dir() != (kind == "folder"):
+        found, expected = ("a folder", "a file") if resolved.is_dir() else ("a file", "a folder")
+        raise MobileBuildError(f"{value!r} is {found}, expected {expected}", file=recipe_file, field=where)
+    return relative.as_posix()
+
+
+def _resolve_quantize(quantize, file, root, where, problems, shape):
+    """The paths a quantize section itself names (a QAT checkpoint, a calibration folder), resolved in place; and
+    image normalisation with one value per input channel (else it fails half-way through calibration)."""
+    calibration = quantize.get("calibration", {})
+    channels = shape[1] if len(shape) > 1 else None
+    for key in ("mean", "std"):
+        if key in calibration and channels is not None and len(calibration[key]) != channels:
+            problems.append(MobileBuildError(
+                f"expected {channels} values (one per input channel, input.shape[1]), got {len(calibration[key])}",
+                file=file, field=f"{where}.calibration.{key}"))
+    for holder, key, where_exactly, kind in (
+            (quantize, "checkpoint", f"{where}.checkpoint", "file"),
+            (quantize.get("calibration", {}), "path", f"{where}.calibration.path", "folder")):
+        if key in holder:
+            try:
+                holder[key] = _repo_path(holder[key], file, root, where_exactly, kind=kind)
+            except MobileBuildError as exc:
+                problems.append(exc)
+
+
+def _prune_with_defaults(prune):
+    if prune is False:
+        return False
+    prune = dict(prune)
+    _apply_defaults(schema()["properties"]["prune"]["oneOf"][1], prune)
+    return prune
+
+
+def _route_sections():
+    return {route.settings for route in routes.all_routes() if route.settings}
+
+
+def _target_id(target):
+    if "name" in target:
+        return target["name"]
+    runtime = target.get("runtime")
+    return target["backend"] if runtime is None else f"{target['backend']}-{runtime}"
+
+
+def load(path, root, cache=None):
+    """Read, validate and resolve one recipe file. `path` may be absolute or relative to `root`."""
+    root = Path(root)
+    path = Path(path)
+    full = path if path.is_absolute() else root / path
+    try:
+        file = full.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        file = str(path)
+    try:
+        raw = full.read_bytes()
+    except OSError as exc:
+        raise RecipeErrors([MobileBuildError(f"cannot read recipe: {exc.strerror}", file=file)]) from None
+    data = cache.parse(raw, file) if cache else parse(raw, file)
+
+    problems = []
+    model = data["model"]
+    if "checkpoint" in model:
+        try:
+            model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
+        except MobileBuildError as exc:
+            problems.append(exc)
+    _resolve_quantize(data["quantize"], file, root, "quantize", problems, data["input"]["shape"])
+    recipe_prune = _prune_with_defaults(data["prune"])
+
+    targets, seen = [], {}
+    for index, entry in enumerate(data["targets"]):
+        target_id = _target_id(entry)
+        if target_id in seen:
+            problems.append(MobileBuildError(
+                f"duplicate target id {target_id!r} (also targets[{seen[target_id]}]); give one a distinct 'name'",
+                file=file, field=f"targets[{index}]"))
+        seen[target_id] = index
+        quantize = data["quantize"]
+        if "quantize" in entry:
+            _resolve_quantize(entry["quantize"], file, root, f"targets[{index}].quantize", problems,
+                              data["input"]["shape"])
+            quantize = {**data["quantize"], **entry["quantize"]}
+            _apply_defaults(schema()["properties"]["quantize"], quantize)
+        targets.append(Target(id=target_id, backend=entry["backend"], runtime=entry.get("runtime"),
+                              optimize=entry["optimize"], index=index, quantize=quantize,
+                              prune=_prune_with_defaults(entry["prune"]) if "prune" in entry else recipe_prune,
+                              precision=entry.get("precision"), toolchain=entry.get("toolchain"),
+                              settings={key: entry[key] for key in _route_sections() if key in entry}))
+    if problems:
+        raise RecipeErrors(problems)
+
+    return Recipe(
+        name=data["name"], file=file, sha256=hashlib.sha256(raw).hexdigest(), model=model,
+        input=data["input"], fuse=data["fuse"], prune=recipe_prune, quantize=data["quantize"], script=data["script"],
+        verify=data["verify"], benchmark=data["benchmark"], targets=tuple(targets),
+    )
+
+
+def recipe_files(directory):
+    """Every recipe file below `directory`, at any depth, in a stable order."""
+    return sorted(p for p in Path(directory).rglob("*") if p.suffix in RECIPE_SUFFIXES and p.is_file())
+
+
+def discover(root):
+    """Every recipe file below `root/recipes`."""
+    return recipe_files(Path(root) / RECIPE_DIR)
+
+
+def load_all(root, paths=None):
+    """Load every recipe (or the given ones); collect all problems, including duplicate names."""
+    root = Path(root)
+    recipes, problems, names = [], [], {}
+    cache = ParseCache(root)
+    for path in (paths if paths is not None else discover(root)):
+        try:
+            recipe = load(path, root, cache)
+        except RecipeErrors as exc:
+            problems.extend(exc.errors)
+            continue
+        if recipe.name in names:
+            problems.append(MobileBuildError(f"duplicate recipe name {recipe.name!r} (also in {names[recipe.name]})",
+                                             file=recipe.file, field="name"))
+            continue
+        names[recipe.name] = recipe.file
+        recipes.append(recipe)
+    cache.save()
+    if problems:
+        raise RecipeErrors(problems)
+    return recipes

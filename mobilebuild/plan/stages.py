@@ -1,0 +1,262 @@
+"""The stages of the graph and their contracts: the typed settings each one reads, the inputs it takes by role, and
+which stages may feed each role (as ExecuTorch's export stages declare `valid_predecessor_stages`).
+
+A stage's settings are a frozen dataclass built here, in the graph layer, from the recipe: what is in it keys the
+node's up-to-date check, and nothing else reaches the stage. The code that runs a stage is its `module` on the
+worker side (`run(inputs, config, output)`, `config` an instance of the stage's dataclass). No torch, no doit.
+"""
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mobilebuild.plan.registry import Registry
+
+FILE = "file"  # an input that is a file of the repository (a checkpoint), not a node's output
+SHIPPED = "shipped"  # an input that is a route's shipped artifact, whichever stage wrote it
+STAGES_PACKAGE = "mobilebuild.worker.stages"
+CHAINS = "mobilebuild.plan.chain"  # the built-in stages' planners
+
+
+# --- the settings each stage reads -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: dict  # the model source: torchvision or factory, kwargs
+    seed: int
+    train: dict  # {function, kwargs}
+    input: dict
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    model: dict
+    seed: int
+    batchnorm_stats: int  # batches of random input that re-estimate batch-norm statistics; 0: none
+    input: dict
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    model: dict
+    prune: dict
+
+
+@dataclass(frozen=True)
+class FuseConfig:
+    model: dict
+    fuse: object  # "auto", false or a list of module-name groups
+    input: dict
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    engine: str
+    mode: str  # static | dynamic | qat
+    weights: str | None
+    input: dict
+    model: dict
+    fuse: object  # QAT rebuilds the fused model
+    calibration: dict | None = None  # static only
+
+
+@dataclass(frozen=True)
+class ScriptConfig:
+    mode: str  # script | trace
+    precision: str
+    engine: str | None
+    quantization: dict | None  # {mode, weights}: how to rebuild the quantized model
+    input: dict
+
+
+@dataclass(frozen=True)
+class OptimizeConfig:
+    backend: str
+    engine: str | None
+    options: dict  # the target's `optimize`: blocklist, preserved_methods, bundled_inputs
+    script_mode: str
+    input: dict
+
+
+@dataclass(frozen=True)
+class NnapiConfig:
+    precision: str
+    input: dict
+    mode: str  # none | core | full
+    engine: str
+    quantization: dict | None
+    options: dict  # bundled_inputs
+
+
+@dataclass(frozen=True)
+class LowerConfig:
+    precision: str
+    input: dict
+    delegate: str
+    options: dict  # the delegate's options
+    calibration: dict | None = None  # int8
+    weights: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    precision: str
+    input: dict
+    options: dict  # opset
+    calibration: dict | None = None  # int8
+    weights: str | None = None
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    runtime: str
+    runtime_module: str
+    engine: str | None
+    input: dict
+    runs_on_host: bool
+    host_reason: str | None
+    model: dict
+    precision: str
+    pruning: object
+    samples: int
+    seed: int
+    thresholds: dict
+    evaluation: dict | None = None
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    runtime: str
+    runtime_module: str
+    input: dict
+    runs_on_host: bool
+    timing: dict  # warmup, iters, threads
+    engine: str | None = None
+    host_reason: str | None = None
+    device: dict | None = None  # an Android device to run speed_benchmark_torch on
+    model: dict | None = None  # the eager baseline's model source
+
+
+@dataclass(frozen=True)
+class ManifestConfig:
+    recipe: str
+    recipe_file: str
+    recipe_sha256: str
+    artifacts: list
+    targets: list
+    checkpoint: str
+    verification: dict  # target -> its verify result
+    benchmarks: dict  # target -> its bench result
+
+
+def as_json(settings):
+    """A stage's settings as the JSON-able dict that keys its node and travels to the worker."""
+    return dataclasses.asdict(settings)
+
+
+def type_path(cls):
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+# --- the contracts -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # its doit task group
+    config: type
+    inputs: dict | None  # role -> the stages (or FILE, SHIPPED) whose output it takes there; None: any
+    doc: str  # the task group's help line
+    colour: str  # in `doit graph`
+    module: str | None = None  # the worker-side module that runs it; default mobilebuild.worker.stages.<name>
+    # Its node in a target's chain: (plan.chain.Chain) -> Node or None, or "module:function" naming one.
+    plan: Callable | str | None = None
+    in_process: bool = False  # runs in the build's own process: it reads results, no tensors
+    measures: bool = False  # takes the host lock itself, for its measurement only (worker/measure_alone.py)
+    cached: bool = True  # whether the shared artifact cache may hold its output
+
+    @property
+    def module_path(self):
+        return self.module or f"{STAGES_PACKAGE}.{self.name}"
+
+    def planner(self):
+        if isinstance(self.plan, str):
+            module, _, function = self.plan.partition(":")
+            return getattr(importlib.import_module(module), function)
+        return self.plan
+
+    def check_inputs(self, inputs):
+        """`inputs`: role -> (the stage that made it, or FILE). A chain that breaks a contract is a bug of ours."""
+        from mobilebuild.plan import routes
+
+        if self.inputs is None:
+            return
+        for role, source in inputs.items():
+            allowed = self.inputs.get(role)
+            if allowed is None:
+                raise AssertionError(f"stage {self.name} takes no input {role!r} (takes: {', '.join(self.inputs)})")
+            if source not in allowed and not (SHIPPED in allowed and source in routes.final_stages()):
+                raise AssertionError(f"stage {self.name} cannot take {role!r} from {source} (takes it from: "
+                                     f"{', '.join(allowed)})")
+
+
+_STAGES = Registry("stage")
+
+
+def register(stage):
+    """Add a stage (a route's own final stage comes with the route: see plan.routes)."""
+    return _STAGES.add(stage.name, stage)
+
+
+def get(name):
+    found = _STAGES.get(name)
+    if found is None:
+        raise KeyError(f"no stage {name!r} is registered")
+    return found
+
+
+def all_stages():
+    """In the order a build runs them."""
+    return _STAGES.all()
+
+
+for _stage in (
+    Stage("train", TrainConfig, {}, "Train models whose recipe has model.train; their weights become the checkpoint.",
+          "#f4cccc"),
+    Stage("checkpoint", CheckpointConfig, {"weights": ("train", FILE)},
+          "Materialise each model's weights as a state_dict.", "#fce5cd"),
+    Stage("prune", PruneConfig, {"checkpoint": ("checkpoint",)},
+          "Prune Conv/Linear weights (torch.nn.utils.prune, made permanent) for recipes or targets that ask.",
+          "#f9cb9c", plan=f"{CHAINS}:prune"),
+    Stage("fuse", FuseConfig, {"checkpoint": ("checkpoint", "prune")},
+          "Fold batch norm and fuse Conv/Linear-BN-ReLU sequences in eager mode.", "#fff2cc",
+          plan=f"{CHAINS}:fuse"),
+    Stage("quantize", QuantizeConfig, {"model": ("fuse",), "trained": (FILE,)},
+          "Static post-training quantization per engine.", "#d9ead3",
+          plan=f"{CHAINS}:quantize"),
+    Stage("script", ScriptConfig, {"model": ("fuse",), "quantized": ("quantize",)},
+          "TorchScript per precision (script or trace).", "#d0e0e3",
+          plan=f"{CHAINS}:script"),
+    Stage("optimize", OptimizeConfig, {"scripted": ("script",)},
+          "optimize_for_mobile per target, saved for the lite interpreter (.ptl).", "#c9daf8",
+          plan=f"{CHAINS}:optimize"),
+    Stage("nnapi", NnapiConfig, {"model": ("fuse",), "quantized": ("quantize",)},
+          "NNAPI models (traced NHWC, converted by torch.backends._nnapi) with bundled inputs (.ptl).", "#a4c2f4",
+          plan=f"{CHAINS}:nnapi"),
+    Stage("lower", LowerConfig, {"model": ("fuse",)},
+          "ExecuTorch programs (.pte) lowered to their delegate: XNNPACK, Vulkan, Core ML or MPS.", "#9fc5e8",
+          plan=f"{CHAINS}:lower"),
+    Stage("export", ExportConfig, {"model": ("fuse",)},
+          "ONNX models (.onnx), int8 through onnxruntime's static quantization.", "#a2c4c9",
+          plan=f"{CHAINS}:export"),
+    Stage("verify", VerifyConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint", "prune")},
+          "Compare each artifact with the fp32 eager model in its runtime (SQNR, cosine, max error, top-1, "
+          "accuracy); fails for results below the recipe's thresholds.", "#d9d2e9"),
+    Stage("bench", BenchConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint",)},
+          "Time each artifact, and the eager fp32 baseline, in a process of its own; device runs where attached.",
+          "#ead1dc", measures=True),
+    # The manifest reads results as they are now, which no key describes: it is always written afresh (and cheap).
+    Stage("manifest", ManifestConfig, None, "artifacts/<recipe>/manifest.json: every file with its stage, target, "
+          "sha256 and size.", "#eeeeee", in_process=True, cached=False),
+):
+    register(_stage)

@@ -1,0 +1,690 @@
+"""report.md, report.html and plots: every recipe's targets side by side against eager fp32. No torch here.
+
+The input is the manifests the build writes. Any part of one may be missing (a stage not built yet, a benchmark
+skipped, an older manifest without verification): the report shows what is there, says why the rest is not, and
+never fails on it. The same manifests always give byte-identical files (no timestamps, dictionaries in sorted
+order), so an unchanged build leaves the report unchanged.
+"""
+
+import html
+import io
+import json
+import math
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from mobilebuild import store
+from mobilebuild.plan import routes
+
+TITLE = "mobilebuild report"
+EAGER = "eager"  # the benchmarks key of the eager fp32 baseline
+EAGER_LABEL = "eager fp32"
+NONE = "—"  # a value that is absent or does not apply; the reason, when known, is given beside the table
+PLOTS_DIR = "plots"
+
+# (label, must be at least / at most) for the verification thresholds, in the table's column order; unknown
+# names follow, sorted, as they are.
+THRESHOLDS = {
+    "sqnr_db": ("SQNR dB", ">="),
+    "cosine": ("cosine", ">="),
+    "max_rel_error": ("max rel. error", "<="),
+    "top1_agreement": ("top-1 agreement", ">="),
+    "accuracy_drop": ("accuracy drop", "<="),
+}
+STATE_ORDER = ("passed", "failed", "not run on host", "not verified")
+
+
+# ---------------------------------------------------------------------------------------------- reading the input
+
+
+def _get(mapping, key):
+    """mapping[key], or None when either is missing or not what the format says: input is never trusted."""
+    return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+def _dict(value):
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value):
+    """A real number as a float, else None (null, a string, a boolean: nothing to compute with)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _finite(value):
+    """A number that can be plotted and divided: timings and sizes, where inf or nan mean a broken record."""
+    value = _number(value)
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _text(value):
+    return NONE if value is None or value == "" else str(value)
+
+
+@dataclass
+class Row:
+    """One line of a recipe's table: a target, or the eager fp32 baseline."""
+
+    label: str
+    backend: str | None
+    runtime: str | None
+    precision: str | None
+    size_bytes: float | None
+    benchmark: dict
+    verification: dict
+    state: str  # "reference", "passed", "failed", "not run on host", "not verified", or whatever the manifest says
+    status: str  # the state as shown, with its reason
+    target: dict = field(default_factory=dict)  # the manifest's entry (pruning, quantization); empty for eager
+
+    @property
+    def median_ms(self):
+        return _finite(self.timing("median_ms"))
+
+    def timing(self, key):
+        """A timing number, only from a benchmark that ran: a skipped one may carry stale or placeholder values."""
+        if _get(self.benchmark, "status") not in ("ran", None):
+            return None
+        return self.benchmark.get(key)
+
+    def metric(self, key):
+        return _number(_get(_get(self.verification, "metrics"), key))
+
+
+def _targets(manifest):
+    """The manifest's targets; for an older manifest without them, the final artifacts that name a target."""
+    targets = _get(manifest, "targets")
+    if isinstance(targets, list):
+        return [t for t in targets if isinstance(t, dict)]
+    seen = {}
+    for artifact in _get(manifest, "artifacts") or []:
+        label = _get(artifact, "target")
+        if label is not None:
+            seen[label] = artifact  # the last stage listed for a target is the artifact it ships
+    return list(seen.values())
+
+
+def _target_bytes(target, manifest):
+    size = _finite(target.get("bytes"))
+    if size is None:
+        for artifact in _get(manifest, "artifacts") or []:
+            if _get(artifact, "path") == target.get("path") and target.get("path") is not None:
+                size = _finite(artifact.get("bytes"))
+    return size
+
+
+def _status(target, verification):
+    """(state, shown): the target's own status first, then its verification's, else "not verified"."""
+    state = target.get("status") or _get(verification, "status") or "not verified"
+    reason = target.get("reason") or _get(verification, "reason")
+    if state == "passed":
+        return state, "passed"
+    if state == "failed":
+        return state, "FAILED"
+    return str(state), f"{state} ({reason})" if reason else str(state)
+
+
+def _rows(manifest):
+    """The eager fp32 baseline, then every target in the manifest's order."""
+    benchmarks = _dict(_get(manifest, "benchmarks"))
+    verifications = _dict(_get(manifest, "verification"))
+    eager = _dict(benchmarks.get(EAGER))
+    rows = [Row(EAGER_LABEL, None, _get(eager, "runtime") or EAGER, "fp32", _finite(eager.get("artifact_bytes")),
+                eager, {}, "reference", "reference")]
+    for target in _targets(manifest):
+        label = str(target.get("target") or target.get("backend") or "?")
+        verification = _dict(verifications.get(label))
+        state, shown = _status(target, verification)
+        rows.append(Row(label, target.get("backend"), target.get("runtime"),
+                        target.get("precision") or _get(verification, "precision"), _target_bytes(target, manifest),
+                        _dict(benchmarks.get(label)), verification, state, shown, target))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------ formatting
+
+
+def _fixed(value, digits):
+    value = _number(value)
+    return NONE if value is None else f"{value:.{digits}f}"
+
+
+def _two_or_three_decimals(value):
+    """Two decimals, three below 1: a small model's 0.004 MB or 0.031 ms is not rounded to nothing."""
+    value = _number(value)
+    if value is None:
+        return NONE
+    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
+
+
+def _megabytes(size_bytes):
+    return NONE if size_bytes is None else _two_or_three_decimals(size_bytes / 1e6)
+
+
+def _ratio(numerator, denominator):
+    if numerator is None or denominator is None or denominator == 0:
+        return NONE
+    return f"{numerator / denominator:.2f}x"
+
+
+def _scientific(value):
+    value = _number(value)
+    return NONE if value is None else f"{value:.2e}"
+
+
+def _percent(value):
+    value = _number(value)
+    return NONE if value is None else f"{value:.1%}"
+
+
+def _accuracy(row):
+    reference, artifact = row.metric("accuracy_reference"), row.metric("accuracy_artifact")
+    if reference is None and artifact is None:
+        return NONE
+    return f"{_percent(reference)} -> {_percent(artifact)}"
+
+
+def _short(value):
+    """A sha256 is shown by its first 12 digits: enough to tell builds apart, short enough to read."""
+    text = str(value)
+    return text[:12] if re.fullmatch(r"[0-9a-f]{64}", text) else text
+
+
+def _pairs(mapping):
+    return ", ".join(f"{key} {_short(value)}" for key, value in sorted(mapping.items(), key=lambda kv: str(kv[0])))
+
+
+def _reasoned(status, reason):
+    return f"{status} ({reason})" if reason else str(status)
+
+
+def _thresholds(thresholds):
+    order = [key for key in THRESHOLDS if key in thresholds] + sorted(
+        (key for key in thresholds if key not in THRESHOLDS), key=str)
+    shown = []
+    for key in order:
+        label, direction = THRESHOLDS.get(key, (key, ":"))
+        shown.append(f"{label} {direction} {thresholds[key]}")
+    return ", ".join(shown)
+
+
+# ------------------------------------------------------------------------------------------------- the report model
+
+
+@dataclass
+class Plot:
+    title: str
+    filename: str
+    draw: Callable  # (recipe, rows) -> PNG bytes
+
+
+@dataclass
+class Section:
+    recipe: str
+    rows: list[Row]  # what the plots are drawn from
+    about: list[str]
+    header: list[str]
+    numeric: list[bool]  # per column: right-aligned
+    cells: list[list[str]]
+    states: list[str]  # per row, for highlighting
+    failures: list[str]
+    notes: list[str]
+    plots: list[Plot] = field(default_factory=list)
+    no_plots: str | None = None
+
+
+@dataclass
+class Report:
+    about: list[str]
+    summary: list[str]
+    sections: list[Section]
+
+
+def _recipe_name(manifest):
+    return str(_get(manifest, "recipe") or "unnamed")
+
+
+def _file_stem(recipe):
+    """A recipe name safe as a file name (names are validated at build time; a hand-edited manifest is not)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", recipe).lstrip(".") or "unnamed"
+
+
+def _table(rows):
+    eager = rows[0]
+    with_accuracy = any(row.metric("accuracy_reference") is not None or row.metric("accuracy_artifact") is not None
+                        for row in rows)
+    columns = [
+        ("target", False, lambda row: row.label),
+        ("backend", False, lambda row: _text(row.backend)),
+        ("runtime", False, lambda row: _text(row.runtime)),
+        ("precision", False, lambda row: _text(row.precision)),
+        ("compression", False, _compression),
+        ("size (MB)", True, lambda row: _megabytes(row.size_bytes)),
+        ("zipped (MB)", True, lambda row: _megabytes(_finite(row.benchmark.get("artifact_compressed_bytes")))),
+        ("sparsity", True, lambda row: _percent(_number(_get(_get(row.verification, "sparsity"), "overall")))),
+        ("median (ms)", True, lambda row: _two_or_three_decimals(row.median_ms)),
+        ("p90 (ms)", True, lambda row: _two_or_three_decimals(row.timing("p90_ms"))),
+        (f"speed-up vs {EAGER_LABEL}", True, lambda row: _ratio(eager.median_ms, row.median_ms)),
+        (f"size vs {EAGER_LABEL}", True, lambda row: _ratio(row.size_bytes, eager.size_bytes)),
+        ("SQNR (dB)", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
+        ("cosine", True, lambda row: _fixed(row.metric("cosine"), 6)),
+        ("max rel. error", True, lambda row: _scientific(row.metric("max_rel_error"))),
+        ("top-1 agreement", True, lambda row: _fixed(row.metric("top1_agreement"), 3)),
+    ]
+    if with_accuracy:
+        # The eager row is the reference the targets are compared with: it shows the reference accuracy.
+        # A pruned target's reference is its pruned eager model: take the accuracy from an unpruned one.
+        reference = next((r.metric("accuracy_reference") for r in rows
+                          if r.metric("accuracy_reference") is not None and not _get(r.target, "pruning")), None)
+        columns.append(("accuracy (reference -> artifact)", True,
+                        lambda row: _percent(reference) if row is eager else _accuracy(row)))
+    if any(_structure(row) for row in rows):
+        columns.append(("graph (host-checked)", False, _structure))
+    columns.append(("status", False, lambda row: row.status))
+    return ([name for name, _, _ in columns], [numeric for _, numeric, _ in columns],
+            [[cell(row) for _, _, cell in columns] for row in rows])
+
+
+def _compression(row):
+    """What was done to the weights beyond the precision: pruning, and the quantization mode of int8 targets."""
+    parts = []
+    pruning = _dict(_get(row.target, "pruning"))
+    if pruning:
+        parts.append(f"{pruning.get('method', 'pruned')} {_text(pruning.get('amount'))}")
+    quantization = _dict(_get(row.target, "quantization"))
+    if quantization:
+        parts.append(" ".join(_text(v) for v in (quantization.get("mode"), quantization.get("weights")) if v))
+    return ", ".join(parts) or NONE
+
+
+def _structure(row):
+    """What the host read from the artifact itself, as its route summarises it: how much went to the delegate
+    (ExecuTorch), the NNAPI model's size, the ONNX graph's quantized share."""
+    route = routes.get(row.backend, row.runtime)
+    facts = _dict(_get(row.verification, "artifact"))
+    return route.structure(facts) if route is not None and route.structure is not None else ""
+
+
+def _fallbacks(rows):
+    """Which operators an ExecuTorch artifact runs outside its delegate, per target."""
+    for row in rows:
+        ops = _dict(_get(_dict(_get(row.verification, "artifact")), "delegation")).get("fallback_ops")
+        if isinstance(ops, dict) and ops:
+            yield f"not delegated ({row.label}): " + ", ".join(f"{op} x{count}" for op, count in sorted(ops.items()))
+
+
+def _failures(rows):
+    found = []
+    for row in rows[1:]:
+        messages = [str(m) for m in _get(row.verification, "failures") or []]
+        if row.state == "failed" and not messages:
+            messages = [str(_get(row.verification, "reason") or "no failure message in the manifest")]
+        found.extend(f"{row.label}: {message}" for message in messages)
+    return found
+
+
+def _grouped(items):
+    """[(label, description)] -> one line per distinct description, naming the labels that share it."""
+    groups = {}
+    for label, description in items:
+        groups.setdefault(description, []).append(label)
+    return groups
+
+
+def _notes(rows):
+    notes = []
+    for row in rows:
+        status = _get(row.benchmark, "status")
+        if not row.benchmark:
+            consequence = ": no speed-up or size ratio" if row is rows[0] else ""
+            notes.append(f"benchmark {row.label}: not run (none in the manifest){consequence}")
+        elif status not in ("ran", None):
+            notes.append(f"benchmark {row.label}: {_reasoned(status, _get(row.benchmark, 'reason'))}")
+
+    settings = _grouped(
+        (row.label, f"{_text(row.benchmark.get('threads'))} thread(s), {_text(row.benchmark.get('warmup'))} warm-up "
+                    f"and {_text(row.benchmark.get('iters'))} timed iterations on the host")
+        for row in rows if row.median_ms is not None)
+    notes.extend(f"latency ({', '.join(labels)}): {text}" for text, labels in settings.items())
+
+    devices = _grouped((row.label, _device(row.benchmark["device"])) for row in rows if "device" in row.benchmark)
+    benchmarked = [row.label for row in rows if row.benchmark]
+    for text, labels in devices.items():
+        notes.append(f"device: {text}" if labels == benchmarked else f"device ({', '.join(labels)}): {text}")
+
+    verified = _grouped(
+        (row.label, f"{_text(_get(row.verification, 'samples'))} {_text(_get(row.verification, 'data'))} samples; "
+                    f"thresholds: {_thresholds(_dict(_get(row.verification, 'thresholds'))) or NONE}")
+        for row in rows[1:] if isinstance(_get(row.verification, "metrics"), dict))  # only what was checked
+    notes.extend(f"verification ({', '.join(labels)}): {text}" for text, labels in verified.items())
+    notes.extend(_fallbacks(rows))
+    return notes
+
+
+def _device(device):
+    if not isinstance(device, dict):
+        return _text(device)
+    shown = _reasoned(device.get("status") or "unknown", device.get("reason"))
+    if device.get("serial"):
+        shown += f" on {device['serial']}"
+    # speed_benchmark_torch reports total time / iterations, a mean: it is named as such, never as a median.
+    for key, name in (("median_ms", "median"), ("mean_ms", "mean")):
+        value = _finite(device.get(key))
+        if value is not None:
+            return f"{shown}, {name} {value:.2f} ms"
+    return shown
+
+
+def _section(manifest):
+    recipe = _recipe_name(manifest)
+    rows = _rows(manifest)
+    about = []
+    if _get(manifest, "recipe_file") or _get(manifest, "recipe_sha256"):
+        about.append(f"Recipe {_text(_get(manifest, 'recipe_file'))}, sha256 "
+                     f"{_short(_text(_get(manifest, 'recipe_sha256')))}.")
+    if not isinstance(_get(manifest, "targets"), list):
+        about.append("This manifest lists no targets, verification or benchmarks (written by an older mobilebuild?): "
+                     "targets are taken from its artifacts.")
+    header, numeric, cells = _table(rows)
+    section = Section(recipe, rows, about, header, numeric, cells, [row.state for row in rows], _failures(rows),
+                      _notes(rows))
+    timed = [row for row in rows if row.median_ms is not None]
+    if not timed:
+        section.no_plots = "No plots: no benchmark ran for this recipe."
+        return section
+    stem = _file_stem(recipe)
+    section.plots.append(Plot(f"{recipe}: median latency on the host, p10-p90", f"{stem}-latency.png", plot_latency))
+    if any(row.size_bytes is not None for row in timed):
+        section.plots.append(Plot(f"{recipe}: artifact size vs median latency", f"{stem}-size-latency.png",
+                                  plot_size_latency))
+    return section
+
+
+def _distinct_lines(title, sourced, empty):
+    """One line when every source agrees; otherwise one per distinct value, naming its sources."""
+    groups = _grouped((source, _pairs(values)) for source, values in sourced if values)
+    if not groups:
+        return [f"{title}: {empty}"]
+    if len(groups) == 1:
+        return [f"{title}: {next(iter(groups))}"]
+    return [f"{title} ({', '.join(sources)}): {text}" for text, sources in groups.items()]
+
+
+def _summary(section):
+    recipe, rows = section.recipe, section.rows
+    states = Counter(row.state for row in rows[1:])
+    order = [s for s in STATE_ORDER if s in states] + sorted(s for s in states if s not in STATE_ORDER)
+    counts = ", ".join(f"{states[s]} {'FAILED' if s == 'failed' else s}" for s in order)
+    return f"{recipe}: {len(rows) - 1} target(s){': ' + counts if counts else ''}"
+
+
+def build(manifests, unbuilt=None):
+    """The whole report as data, rendered alike to Markdown and HTML: both always say the same thing. `unbuilt`:
+    {recipe: [error line, ...]} for recipes that failed to build, listed in the summary."""
+    sections, toolchains, hosts = [], [], []
+    summary = [f"{recipe}: NOT BUILT, {len(errors)} error(s): {'; '.join(errors)}"
+               for recipe, errors in sorted((unbuilt or {}).items())]
+    for manifest in manifests:
+        section = _section(manifest)
+        sections.append(section)
+        summary.append(_summary(section))
+        toolchains.append((section.recipe, _dict(_get(manifest, "toolchain"))))
+        for row in section.rows:
+            if row.benchmark:
+                source = f"{section.recipe} {row.label}"
+                hosts.append((source, _dict(row.benchmark.get("host"))))
+                # A benchmark run with another toolchain than the build's is worth seeing, so it is listed apart.
+                measured_with = _dict(row.benchmark.get("toolchain"))
+                if measured_with and measured_with != _dict(_get(manifest, "toolchain")):
+                    toolchains.append((f"{source} benchmark", measured_with))
+    about = (_distinct_lines("Toolchain", toolchains, "not recorded")
+             + _distinct_lines("Host", hosts, "no benchmark recorded one"))
+    return Report(about, summary, sections)
+
+
+# ------------------------------------------------------------------------------------------------------- rendering
+
+
+def _one_line(text):
+    """A reason may be a multi-line message; in Markdown a stray line break can end a list or a table."""
+    return " ".join(text.split())
+
+
+def _md_cell(text):
+    return _one_line(text.replace("\\", "\\\\").replace("|", "\\|"))
+
+
+def _md_list(items):
+    return [f"- {_one_line(item)}" for item in items]
+
+
+def _plot_href(filename):
+    return f"{PLOTS_DIR}/{quote(filename)}"
+
+
+def render_markdown(report):
+    lines = [f"# {TITLE}", ""]
+    lines += _md_list(report.about) + ["", "## Summary", ""]
+    lines += _md_list(report.summary) + [""]
+    for section in report.sections:
+        lines += [f"## {_one_line(section.recipe)}", ""]
+        lines += [*map(_one_line, section.about), ""] if section.about else []
+        lines.append("| " + " | ".join(_md_cell(h) for h in section.header) + " |")
+        lines.append("|" + "|".join("---:" if numeric else "---" for numeric in section.numeric) + "|")
+        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in section.cells]
+        lines.append("")
+        if section.failures:
+            lines += ["**Failures:**", ""] + _md_list(section.failures) + [""]
+        if section.notes:
+            # A heading of its own: in Markdown, two lists separated only by a blank line merge into one.
+            lines += ["**Notes:**", ""] + _md_list(section.notes) + [""]
+        if section.no_plots:
+            lines += [section.no_plots, ""]
+        for plot in section.plots:
+            lines += [f"![{_one_line(plot.title)}]({_plot_href(plot.filename)})", ""]
+    return "\n".join(lines)
+
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; color: #1f2328;
+       margin: 2em auto; max-width: 1400px; padding: 0 1em; line-height: 1.45; }
+h1 { border-bottom: 1px solid #d0d7de; padding-bottom: .3em; }
+h2 { margin-top: 2em; border-bottom: 1px solid #d0d7de; padding-bottom: .2em; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 14px; }
+th, td { border: 1px solid #d0d7de; padding: 4px 8px; }
+th { background: #f6f8fa; max-width: 8em; }
+td { white-space: nowrap; }
+td.status { white-space: normal; min-width: 8em; max-width: 24em; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.reference td { background: #f6f8fa; font-style: italic; }
+tr.failed td { background: #ffebe9; }
+tr.failed td.status { color: #cf222e; font-weight: bold; }
+tr.not-run td.status { color: #9a6700; }
+.failures { border-left: 4px solid #cf222e; background: #fff5f5; padding: .5em 1em; margin: 1em 0; }
+.failures h3 { color: #cf222e; margin: 0; font-size: 1em; }
+ul.notes { color: #59636e; font-size: 14px; }
+figure { display: inline-block; margin: 1em 1em 0 0; }
+figure img { max-width: 100%; border: 1px solid #d0d7de; }
+figcaption { font-size: 13px; color: #59636e; }
+"""
+
+
+def _row_class(state):
+    return state if state in ("reference", "passed", "failed") else "not-run"
+
+
+def render_html(report):
+    e = html.escape
+    out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{e(TITLE)}</title>",
+           f"<style>{CSS}</style>", "</head>", "<body>", f"<h1>{e(TITLE)}</h1>", "<ul>"]
+    out += [f"<li>{e(line)}</li>" for line in report.about]
+    out += ["</ul>", "<h2>Summary</h2>", "<ul>"]
+    out += [f"<li>{e(line)}</li>" for line in report.summary]
+    out.append("</ul>")
+    for section in report.sections:
+        out.append(f'<section id="{e(_file_stem(section.recipe))}">')
+        out.append(f"<h2>{e(section.recipe)}</h2>")
+        out += [f"<p>{e(line)}</p>" for line in section.about]
+        out += ['<div class="scroll">', "<table>", "<thead>", "<tr>"]
+        out += [f"<th>{e(h)}</th>" for h in section.header]
+        out += ["</tr>", "</thead>", "<tbody>"]
+        for state, row in zip(section.states, section.cells):
+            cells = []
+            for index, (numeric, cell) in enumerate(zip(section.numeric, row)):
+                kind = "status" if index == len(row) - 1 else "num" if numeric else None
+                cells.append(f'<td class="{kind}">{e(cell)}</td>' if kind else f"<td>{e(cell)}</td>")
+            out.append(f'<tr class="{_row_class(state)}">{"".join(cells)}</tr>')
+        out += ["</tbody>", "</table>", "</div>"]
+        if section.failures:
+            out += ['<div class="failures">', "<h3>Failures</h3>", "<ul>"]
+            out += [f"<li>{e(failure)}</li>" for failure in section.failures]
+            out += ["</ul>", "</div>"]
+        if section.notes:
+            out += ['<ul class="notes">'] + [f"<li>{e(note)}</li>" for note in section.notes] + ["</ul>"]
+        if section.no_plots:
+            out.append(f"<p>{e(section.no_plots)}</p>")
+        for plot in section.plots:
+            out += ["<figure>", f'<img src="{e(_plot_href(plot.filename))}" alt="{e(plot.title)}">',
+                    f"<figcaption>{e(plot.title)}</figcaption>", "</figure>"]
+        out.append("</section>")
+    out += ["</body>", "</html>", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------------------- plots
+
+FIGURE_SIZE = (8, 4.5)
+DPI = 100
+COLOURS = {"reference": "#8c959f", "failed": "#cf222e"}
+DEFAULT_COLOUR = "#0969da"
+
+
+def _png(figure):
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def _new_figure():
+    # A bare Figure on an Agg canvas, not pyplot: no global backend switch for a caller that has its own, and
+    # nothing registered in pyplot's figure list, so nothing to close and nothing leaks across calls.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=FIGURE_SIZE, dpi=DPI)
+    FigureCanvasAgg(figure)
+    return figure, figure.add_subplot()
+
+
+def _tick_label(row):
+    return f"{row.label}\n(FAILED)" if row.state == "failed" else row.label
+
+
+def _whiskers(row):
+    """(median - p10, p90 - median), each 0 when not recorded (or out of order: a whisker never points inwards)."""
+    median, p10, p90 = row.median_ms, _finite(row.timing("p10_ms")), _finite(row.timing("p90_ms"))
+    return (max(0.0, median - p10) if p10 is not None else 0.0, max(0.0, p90 - median) if p90 is not None else 0.0)
+
+
+def plot_latency(recipe, rows):
+    """Bars of median latency with p10-p90 whiskers, eager first; rows without a timed benchmark are left out."""
+    timed = [row for row in rows if row.median_ms is not None]
+    figure, axes = _new_figure()
+    positions = range(len(timed))
+    medians = [row.median_ms for row in timed]
+    below, above = zip(*(_whiskers(row) for row in timed))
+    axes.bar(positions, medians, yerr=[list(below), list(above)], capsize=6, width=0.6,
+             color=[COLOURS.get(row.state, DEFAULT_COLOUR) for row in timed], error_kw={"ecolor": "#1f2328"})
+    for position, median, whisker in zip(positions, medians, above):
+        axes.annotate(_two_or_three_decimals(median), (position, median + whisker), xytext=(0, 4),
+                      textcoords="offset points", ha="center", va="bottom", fontsize=9)
+    axes.set_xticks(list(positions), [_tick_label(row) for row in timed])
+    axes.set_ylabel("median latency (ms)")
+    axes.set_ylim(0, max(m + a for m, a in zip(medians, above)) * 1.15 or 1)
+    axes.set_title(f"{recipe}: median latency on the host (whiskers: p10-p90)")
+    axes.grid(axis="y", alpha=0.3)
+    axes.set_axisbelow(True)
+    figure.tight_layout()
+    return _png(figure)
+
+
+def plot_size_latency(recipe, rows):
+    """Each target (and eager) as one point: artifact size against median latency, labelled with its name."""
+    points = [row for row in rows if row.median_ms is not None and row.size_bytes is not None]
+    figure, axes = _new_figure()
+    sizes = [row.size_bytes / 1e6 for row in points]
+    medians = [row.median_ms for row in points]
+    axes.scatter(sizes, medians, s=60, color=[COLOURS.get(row.state, DEFAULT_COLOUR) for row in points],
+                 zorder=3)
+    for row, size, median in zip(points, sizes, medians):
+        axes.annotate(_tick_label(row).replace("\n", " "), (size, median), xytext=(6, 6),
+                      textcoords="offset points", fontsize=9)
+    # From zero on both axes so that distances read as ratios; the margin keeps labels inside the frame.
+    axes.set_xlim(0, max(sizes) * 1.3 or 1)
+    axes.set_ylim(0, max(medians) * 1.3 or 1)
+    axes.set_xlabel("artifact size (MB)")
+    axes.set_ylabel("median latency (ms)")
+    axes.set_title(f"{recipe}: artifact size vs median latency")
+    axes.grid(alpha=0.3)
+    axes.set_axisbelow(True)
+    figure.tight_layout()
+    return _png(figure)
+
+
+# ------------------------------------------------------------------------------------------------- entry points
+
+
+def write_report(manifests, out_dir, unbuilt=None):
+    """Write out_dir/report.md, out_dir/report.html and out_dir/plots/*.png; return the paths written."""
+    out_dir = Path(out_dir)
+    report = build(manifests, unbuilt)
+    written = []
+    for section in report.sections:
+        for plot in section.plots:
+            path = out_dir / PLOTS_DIR / plot.filename
+            store.write_bytes(path, plot.draw(section.recipe, section.rows))
+            written.append(path)
+    for name, text in (("report.md", render_markdown(report)), ("report.html", render_html(report))):
+        store.write_text(out_dir / name, text)
+        written.append(out_dir / name)
+    return written
+
+
+def load_manifests(artifacts_dir):
+    """Every artifacts/*/manifest.json, sorted by recipe name; an unreadable one is skipped with a warning."""
+    found = []
+    for path in sorted(Path(artifacts_dir).glob("*/manifest.json")):
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            print(f"warning: {path}: skipped, not readable as JSON ({exc})", file=sys.stderr)
+            continue
+        if not isinstance(manifest, dict):
+            print(f"warning: {path}: skipped, expected a JSON object, got {type(manifest).__name__}",
+                  file=sys.stderr)
+            continue
+        found.append(manifest)
+    return sorted(found, key=_recipe_name)
+
+
+def main(artifacts_dir="artifacts", unbuilt=None):
+    """Write the report from every recipe's manifest; `unbuilt` as in build(), whose manifests, if any, are left
+    out: they describe an earlier build."""
+    unbuilt = unbuilt or {}
+    manifests = [m for m in load_manifests(artifacts_dir) if _recipe_name(m) not in unbuilt]
+    if not manifests and not unbuilt:
+        print(f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)", file=sys.stderr)
+        return 2
+    written = write_report(manifests, artifacts_dir, unbuilt)
+    plots = sum(1 for path in written if path.suffix == ".png")
+    print(f"wrote {Path(artifacts_dir) / 'report.html'} and report.md ({len(manifests)} recipe(s), {plots} plot(s) "
+          f"in {Path(artifacts_dir) / PLOTS_DIR})")
+    return 0

@@ -1,0 +1,28 @@
+"""What a long stage is doing, on stderr, under the name of the task it runs for: a 30-second lowering says where it
+is, and under `doit -n 2` each line says whose it is. Outside a build (a test, `mobilebuild check`) nothing is
+printed."""
+
+import contextlib
+import sys
+
+_task = None
+
+
+@contextlib.contextmanager
+def working_on(task):
+    global _task
+    _task = task
+    try:
+        yield
+    finally:
+        _task = None
+
+
+def current_task():
+    return _task
+
+
+def note(text):
+    # the real stderr: stages silence what libraries print on sys.stderr (worker/quiet.py)
+    if _task:
+        print(f"   {_task}: {text}", file=sys.__stderr__, flush=True)

@@ -1,0 +1,67 @@
+"""Reading an ExecuTorch program (.pte) back: how much of it went to delegates (the lower stage's message, verify's
+facts) and what the host runtime needs to run it (the backends it calls, each input's dim order). One
+deserialization answers both."""
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker.executorch_setup import ensure_flatc
+from mobilebuild.worker.stages import modeling
+
+
+@dataclass(frozen=True)
+class Program:
+    data: bytes  # the .pte itself, as the runtime loads it
+    # Delegate calls per backend id and the operator calls left to portable kernels, over all methods:
+    # {"delegates": {"XnnpackBackend": 1}, "delegated_calls": 1, "fallback_ops": {"aten::add.out": 2},
+    #  "fallback_calls": 2}
+    delegation: dict
+    backends: list  # the backend ids the first method delegates to, sorted
+    input_dim_orders: list  # per input of the first method: its dim order ([] for a non-tensor)
+
+
+def read(pte):
+    """The program in `pte`: a .pte file's path, or the bytes of one (a lowering's own output). A file flatc or the
+    schema rejects is a one-line MobileBuildError."""
+    if isinstance(pte, (bytes, bytearray, memoryview)):
+        return _read(bytes(pte))
+    data = Path(pte).read_bytes()
+    try:
+        return _read(data)
+    except Exception as exc:  # flatc or the schema rejects it: not a program this ExecuTorch reads
+        raise MobileBuildError(f"{pte} is not a readable ExecuTorch program: {modeling.first_line(exc)}",
+                               field="targets") from None
+
+
+def _read(data):
+    ensure_flatc()  # the serializer reads the program through flatc
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(data).program
+    first = program.execution_plan[0]
+    return Program(data=data, delegation=_delegation(program),
+                   backends=sorted({delegate.id for delegate in first.delegates}),
+                   input_dim_orders=[list(getattr(first.values[index].val, "dim_order", None) or [])
+                                     for index in first.inputs])
+
+
+def _delegation(program):
+    from executorch.exir.schema import DelegateCall, KernelCall
+
+    delegates, fallback = Counter(), Counter()
+    for plan in program.execution_plan:
+        for chain in plan.chains:
+            for instruction in chain.instructions:
+                call = instruction.instr_args
+                if isinstance(call, DelegateCall):
+                    delegates[plan.delegates[call.delegate_index].id] += 1
+                elif isinstance(call, KernelCall):
+                    fallback[_operator_name(plan.operators[call.op_index])] += 1
+    return {"delegates": dict(sorted(delegates.items())), "delegated_calls": sum(delegates.values()),
+            "fallback_ops": dict(sorted(fallback.items())), "fallback_calls": sum(fallback.values())}
+
+
+def _operator_name(operator):
+    return f"{operator.name}.{operator.overload}" if operator.overload else operator.name

@@ -1,0 +1,23 @@
+"""Loading an artifact in the runtime it ships for, as a callable from input tensors to output tensors.
+
+Each runtime module has `load(path, config)`; `config` is the verify or bench stage's settings, which name the
+module (`runtime_module`, from the target's route) and hold what it needs (engine, model source, timing). Some also
+have `inspect(path, config)`: facts checkable on the host without running the model (what was delegated, operand
+counts), recorded also for artifacts that run only on a device.
+"""
+
+import importlib
+
+
+def _module(config):
+    return importlib.import_module(config.runtime_module)
+
+
+def load(path, config):
+    return _module(config).load(path, config)
+
+
+def inspect(path, config):
+    """The runtime's host-checkable facts about the artifact, or None when it has none to give."""
+    module = _module(config)
+    return module.inspect(path, config) if hasattr(module, "inspect") else None

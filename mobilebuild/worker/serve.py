@@ -1,0 +1,131 @@
+"""The stage worker's side (`python -m mobilebuild.worker`, started by build/worker_pool.py): requests in, the
+stage function run reproducibly, the outcome back as data, which the build turns into a task result
+(build/execute.py)."""
+
+import atexit
+import contextlib
+import importlib
+import io
+import json
+import os
+import signal
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.plan import stages
+from mobilebuild.worker import measure_alone, progress
+
+# torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
+# recipe.
+_QUIET = [(FutureWarning, r"torch(\..*)?"), (DeprecationWarning, r"torch(\..*)?"), (Warning, r"torch\.ao\..*"),
+          (UserWarning, r"torch\._utils")]
+
+
+_current_root = None
+
+
+def enter_root(root):
+    """Work in `root`, the repository (or a Dask worker's scratch copy of it): relative paths resolve there and
+    recipe factories import from there. Modules imported from an earlier root are dropped, so that a long-lived
+    worker never runs a stale copy of a factory."""
+    global _current_root
+    if root == _current_root:
+        return
+    if _current_root is not None:
+        previous = os.path.join(_current_root, "")
+        for name, module in list(sys.modules.items()):
+            if (getattr(module, "__file__", None) or "").startswith(previous):
+                del sys.modules[name]
+        with contextlib.suppress(ValueError):
+            sys.path.remove(_current_root)
+    os.chdir(root)
+    sys.path.insert(0, root)
+    _current_root = root
+
+
+def run_stage(stage, inputs, config, output, root, task=None, module=None, config_type=None, measures=None):
+    """Run one stage function for `task` (the name progress notes go under), then make its output reproducible.
+    `module` and `config_type` (a "module:Class") default to the built-in stage's (plan.stages)."""
+    from mobilebuild.worker import reproducible  # torch
+
+    enter_root(root)
+    contract = stages.get(stage) if module is None or config_type is None else None
+    settings = (_resolve(config_type) if config_type else contract.config)(**config)
+    stage_module = module or contract.module_path
+    with warnings.catch_warnings(), reproducible.jit_session(), progress.working_on(task):
+        for category, source in _QUIET:
+            warnings.filterwarnings("ignore", category=category, module=source)
+        importlib.import_module(stage_module).run({role: Path(p) for role, p in inputs.items()}, settings, Path(output))
+    reproducible.normalize_archive(output, root)
+
+
+def _resolve(path):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def handle(request):
+    """A request from the build -> its reply: empty, a user error, an OS error, or a crash's traceback, and
+    what the stage printed, which the build prints as the task's output (doit may capture it, e.g. `-r json`)."""
+    printed = io.StringIO()
+    measures = request.get("measures")
+    if measures is None:
+        measures = stages.get(request["stage"]).measures
+    # a stage that measures takes the host lock itself, for its measurement only
+    alongside = contextlib.nullcontext() if measures else measure_alone.stage_running()
+    with contextlib.redirect_stdout(printed), alongside:
+        reply = _outcome(request)
+    sys.stderr.flush()
+    return {**reply, "printed": printed.getvalue()}
+
+
+def _outcome(request):
+    try:
+        run_stage(**request)
+        return {}
+    except MobileBuildError as exc:
+        return {"error": {"message": exc.message, "field": exc.field, "file": exc.file}}
+    except OSError as exc:
+        return {"oserror": {"errno": exc.errno, "strerror": exc.strerror, "filename": _text(exc.filename),
+                            "text": str(exc)}}
+    except Exception:  # noqa: BLE001 - any other failure is a bug of ours: its traceback goes back to the build
+        return {"crash": traceback.format_exc()}
+
+
+def _text(filename):
+    return filename.decode(errors="replace") if isinstance(filename, bytes) else filename
+
+
+def serve(reply_fd):
+    """Run requests until stdin closes."""
+    _die_with_parent()
+    with os.fdopen(reply_fd, "w") as replies:
+        for line in sys.stdin:
+            reply = handle(json.loads(line))
+            replies.write(json.dumps(reply) + "\n")
+            replies.flush()
+
+
+def _die_with_parent():
+    """A killed build must not leave its worker writing on: Linux delivers SIGKILL when the parent dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        sys.exit(0)
+
+
+def exit_now():
+    """End the worker without the interpreter's teardown: torch's takes 0.7 s (module and native destructors), and
+    every build waited for it at its end. What was registered to run at exit still runs (coremltools removes its
+    temporary model packages then)."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

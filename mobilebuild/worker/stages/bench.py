@@ -1,0 +1,80 @@
+"""bench: latency of one artifact (or of the eager fp32 baseline), measured in a process of its own, plus a run
+of speed_benchmark_torch on an Android device where one is attached."""
+
+import json
+import multiprocessing
+import os
+import platform
+import zlib
+
+from mobilebuild import store
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.plan import toolchain
+from mobilebuild.worker import device, progress
+
+
+def host():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "machine": platform.machine(), "cores": os.cpu_count(), "system": platform.system()}
+
+
+def time_in_subprocess(spec):
+    """timing.measure in a process of its own, forked from a server that imported torch once for this stage worker:
+    a fresh interpreter per benchmark spent 2.4 s starting and ending. Its stderr (progress) is the build's."""
+    from mobilebuild.worker import timing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["mobilebuild.worker.timing"])
+    receiving, sending = context.Pipe(duplex=False)
+    process = context.Process(target=timing.measure_into, args=({**spec, "root": os.getcwd()}, sending))
+    process.start()
+    sending.close()
+    with receiving:
+        try:
+            result = receiving.recv()
+        except EOFError:  # it died before sending (a crash in the runtime)
+            result = None
+    process.join()
+    if result is None:
+        raise MobileBuildError(f"benchmark process failed (exit {process.exitcode}) for {spec['path']}",
+                               field="benchmark")
+    return result
+
+
+def run(inputs, config, output):
+    artifact = inputs.get("artifact") or inputs["checkpoint"]
+    data = artifact.read_bytes()
+    result = {"runtime": config.runtime, **config.timing, "artifact_bytes": len(data),
+              # what a download or an app store ships: zeros from pruning shrink this, not artifact_bytes
+              "artifact_compressed_bytes": len(zlib.compress(data, 6)),
+              "artifact_sha256": store.sha256_file(artifact),
+              "host": host(), "toolchain": toolchain.versions()}
+    if config.runs_on_host:
+        # the progress label: not in the config, which keys the cache (identical models share their timings)
+        label = progress.current_task() or (artifact.stem if "artifact" in inputs else f"{artifact.parent.name}-eager")
+        result.update(status="ran", **time_in_subprocess({"config": config, "path": str(artifact), "label": label}))
+        us_per_iter = result["median_ms"] * 1e3
+        result["speed_benchmark_line"] = device.format_speed_benchmark_line(us_per_iter, 1e6 / us_per_iter)
+        print(f"   {result['speed_benchmark_line']} (median of {config.timing['iters']}, "
+              f"p10 {result['p10_ms']:.3f} ms, p90 {result['p90_ms']:.3f} ms)")
+    else:
+        result.update(status="skipped", reason=config.host_reason)
+    if config.device:
+        result["device"] = on_device(artifact, config)
+        print(f"   device: {result['device']['status']}"
+              + (f" ({result['device']['reason']})" if result["device"].get("reason") else ""))
+    with open(output, "w") as handle:
+        json.dump(result, handle, indent=2, sort_keys=True)
+
+
+def on_device(artifact, config):
+    settings = config.device
+    return device.benchmark_on_device(
+        artifact, serial=settings["serial"], input_dims=config.input["shape"], warmup=config.timing["warmup"],
+        iters=config.timing["iters"], threads=config.timing["threads"],
+        use_bundled_input=settings["use_bundled_input"], binary=settings["binary"])

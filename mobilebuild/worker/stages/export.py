@@ -1,0 +1,182 @@
+"""export: the fused float model to ONNX (.onnx) for ONNX Runtime, in fp32 or int8.
+
+As the edge-deployment talk has it, only float models export to ONNX: an int8 artifact is made on the ONNX side, by
+ONNX Runtime's static post-training quantization (QDQ format) calibrated on the recipe's calibration batches.
+QuantStub/DeQuantStub are identities in a float model and export as nothing.
+
+Exporter: torch.onnx.export(dynamo=True), the torch.export-based one (torch's default since 2.9). It refuses
+forward code whose control flow depends on tensor values, where the TorchScript-based exporter (dynamo=False,
+deprecated) silently records the one branch the example input took; it captures the graph the way ExecuTorch does;
+and its onnxscript optimizer folds constants. Its output is deterministic once the free-form text it attaches to
+nodes is removed: source stack traces with absolute file paths and FX node dumps (see `reproducible`).
+
+Options (config.options): "opset": the ai.onnx opset to target, None for the exporter's default (20 with torch
+2.12). Opsets below 18 are refused: this exporter writes 18 and up, and silently keeps 18 when conversion down fails.
+
+int8: activations uint8, weights int8 (the pairing ONNX Runtime's CPU kernels are fastest with on x86, and fine on
+ARM), MinMax calibration, weights per channel unless the recipe says per_tensor. ONNX Runtime's pre-processing runs
+with shape inference only: its graph optimization step saved nothing on the models tried (the fuse stage and the
+exporter already fold batch norm) and declared eight ONNX Runtime-internal opset domains in the model.
+"""
+
+import logging
+import re
+import tempfile
+from pathlib import Path
+
+import onnx
+import torch
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import progress
+from mobilebuild.worker.quiet import quiet
+from mobilebuild.worker.stages import calibration, modeling
+
+MIN_OPSET = 18  # the exporter's own floor (torch.onnx's TORCHLIB_OPSET)
+INPUT_NAME, OUTPUT_NAME = "input", "output"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in \w+\n\s+(?P<code>\S[^\n]*)')
+_ATEN_TARGET = re.compile(r"target=torch\.ops\.([\w.]+?)(?:\.default)?\]")
+
+
+def check_opset(opset):
+    if opset is None:
+        return
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise MobileBuildError(f"opset {opset} is out of range: torch.onnx.export writes opsets {MIN_OPSET} to "
+                               f"{newest}", field="targets.onnx.opset")
+
+
+def export_float(model, input_config, opset=None):
+    """The float model as an ONNX ModelProto, weights inside, static input shape."""
+    check_opset(opset)
+    example = modeling.example_input(input_config).contiguous()  # ONNX tensors have no memory format
+    # On failure torch.export prints the partial graphs it captured and logs warnings about symbolic shapes; the
+    # one-line error made of the exception says what matters.
+    with torch.no_grad(), quiet(logs=logging.WARNING, warnings=False):
+        try:
+            program = torch.onnx.export(model.eval(), (example,), dynamo=True, opset_version=opset, verbose=False,
+                                        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+        except Exception as exc:  # torch.export and the ONNX translation raise many types
+            raise export_error(exc) from None
+    proto = program.model_proto
+    found = opset_of(proto)
+    if opset is not None and found != opset:
+        raise MobileBuildError(f"torch.onnx.export could not convert the model to opset {opset} (it wrote {found})",
+                               field="targets.onnx.opset")
+    return proto
+
+
+def opset_of(proto):
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _causes(exc):
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def export_error(exc):
+    """One line from the exporter's chain of errors: the innermost cause, where it comes from in the user's code,
+    and what to do about it."""
+    chain = list(_causes(exc))
+    text = _ANSI.sub("", "\n".join(str(e) for e in chain))
+    cause = chain[-1]
+    detail = f"{type(cause).__name__}: {modeling.first_line(cause)}"
+    frame = _USER_FRAME.search(text)
+    where = f" at {Path(frame['file']).name}:{frame['line']} `{frame['code'].strip()}`" if frame else ""
+    kind = type(exc).__name__
+    if kind == "TorchExportError":
+        return MobileBuildError(
+            f"torch.export cannot capture the model ({detail}){where}; ONNX export needs forward free of Python "
+            "control flow on tensor values and of non-tensor outputs (torch.cond expresses branches)",
+            field="targets")
+    if kind == "ConversionError":
+        target = _ATEN_TARGET.search(text)
+        operation = f" for {target[1]}" if target else ""
+        return MobileBuildError(
+            f"no ONNX translation{operation} ({detail}){where}; replace that operation in the model, or choose a "
+            "target whose runtime has it (executorch, pytorch-mobile)", field="targets")
+    return MobileBuildError(f"torch.onnx.export failed ({kind}: {modeling.first_line(exc)}){where}",
+                            field="targets")
+
+
+def reproducible(proto):
+    """Remove the free-form text exporters attach: torch's node metadata holds stack traces with absolute source
+    paths (of the model's code, of torch, of this package) and FX node dumps, which differ between checkouts."""
+    graphs = list(_graphs(proto.graph))
+    nodes = [node for graph in graphs for node in graph.node]
+    nodes += [node for function in proto.functions for node in function.node]
+    for item in (proto, *proto.functions, *graphs, *nodes):
+        del item.metadata_props[:]
+        item.doc_string = ""
+    for graph in graphs:
+        for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+            value.doc_string = ""
+    return proto
+
+
+def _graphs(graph):
+    """A graph and the subgraphs of its If/Loop/Scan nodes."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            for subgraph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _graphs(subgraph)
+
+
+class _CalibrationReader:
+    """calibration.batches as ONNX Runtime's CalibrationDataReader; a batch the exported model cannot take (its input
+    shape is fixed) is the calibration setting's fault."""
+
+    def __init__(self, batches, shape, field):
+        self.batches, self.shape, self.field, self.seen = iter(batches), list(shape), field, 0
+
+    def get_next(self):
+        batch = next(self.batches, None)
+        if batch is None:
+            return None
+        if isinstance(batch, (tuple, list)) and len(batch) == 1:
+            batch = batch[0]
+        if not isinstance(batch, torch.Tensor) or list(batch.shape) != self.shape:
+            raise MobileBuildError(f"a calibration batch has shape {calibration.shape_of(batch)}; the exported model "
+                                   f"takes one input of shape {self.shape}", field=self.field)
+        self.seen += 1
+        return {INPUT_NAME: batch.detach().to(torch.float32).contiguous().numpy()}
+
+
+def quantize_int8(proto, settings, input_config, weights=None):
+    """Static QDQ quantization of the float ONNX model, calibrated on the recipe's batches (`settings`: its
+    quantize.calibration)."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
+
+    if not settings:
+        raise MobileBuildError("int8 ONNX export needs calibration batches", field="quantize.calibration")
+    field = calibration.field(settings)
+    reader = _CalibrationReader(calibration.batches(settings, input_config), input_config["shape"], field)
+    with tempfile.TemporaryDirectory(prefix="mobilebuild-onnx-") as folder:
+        prepared, quantized = Path(folder) / "prepared.onnx", Path(folder) / "quantized.onnx"
+        quant_pre_process(proto, prepared, skip_optimization=True, skip_symbolic_shape=True)
+        try:
+            quantize_static(prepared, quantized, reader, quant_format=QuantFormat.QDQ,
+                            per_channel=weights != "per_tensor", activation_type=QuantType.QUInt8,
+                            weight_type=QuantType.QInt8)
+        except ValueError:
+            if not reader.seen:  # ONNX Runtime's "No data is collected."
+                raise MobileBuildError("calibration produced no batches", field=field) from None
+            raise
+        return onnx.load(quantized)
+
+
+def run(inputs, config, output):
+    model = modeling.load_module(inputs["model"])
+    progress.note("torch.onnx.export")
+    proto = export_float(model, config.input, (config.options or {}).get("opset"))
+    if config.precision == "int8":
+        progress.note("quantizing with ONNX Runtime's quantize_static")
+        proto = quantize_int8(proto, config.calibration, config.input, config.weights)
+    data = reproducible(proto).SerializeToString()
+    with open(output, "wb") as handle:
+        handle.write(data)

@@ -1,0 +1,253 @@
+"""lower: the fused eager model as an ExecuTorch program (.pte) for one delegate: XNNPACK (CPU), Vulkan (GPU),
+Core ML or MPS (Apple).
+
+It goes through ExecuTorch's own export recipes (`executorch.export`): torch.export, optional PT2E quantization
+calibrated on the recipe's batches, `to_edge_transform_and_lower` with the delegate's partitioner, then
+serialization. XNNPACK and Core ML take their recipes from ExecuTorch's registry (XNNPackRecipeType.FP32 and
+PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights, or PER_TENSOR when the recipe's
+quantize.weights says per_tensor; CoreMLRecipeType.FP16/FP32 and PT2E_INT8_STATIC); Vulkan and MPS have no recipe
+provider in ExecuTorch 1.3.1, so their recipe is the partitioner alone. int8 is calibrated on the recipe's
+calibration batches (`config.calibration`), which are also the export's example inputs. Programs are exported
+for NCHW input whatever input.memory_format says (that setting is PyTorch Mobile's advice): the delegates choose
+their own layout inside, while an NHWC export leaves a layout copy outside the delegate (MobileNetV2:
+aten::as_strided_copy on the portable kernels, and two XNNPACK calls instead of one) and Core ML refuses it.
+
+Delegate options (`config.options`, all optional):
+  coreml:  compute_units     "all" (default) | "cpu_and_gpu" | "cpu_and_ne" | "cpu_only"
+           compute_precision "fp16" (default) | "fp32"          (fp32 lowering only)
+  vulkan:  compute_precision "fp32" (default) | "fp16"          (force_fp16: half-precision textures)
+  mps:     compute_precision "fp16" (default) | "fp32"          (the MPS backend is deprecated upstream)
+  xnnpack: none
+
+How much of a program went to delegates is read from the .pte itself (`pte.read(...).delegation`);
+`preflight_delegation(model, input_config, delegate)` lowers in memory and says the same before any build.
+"""
+
+import torch
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import progress, pte
+from mobilebuild.worker.coreml import reproducible_coreml
+from mobilebuild.worker.executorch_setup import ensure_flatc
+from mobilebuild.worker.quiet import quiet
+from mobilebuild.worker.stages import calibration, modeling
+
+DELEGATES = ("xnnpack", "vulkan", "coreml", "mps")
+PRECISIONS = ("fp32", "int8")
+INT8_DELEGATES = ("xnnpack", "coreml")
+OPTION_CHOICES = {
+    "xnnpack": {},
+    "coreml": {"compute_units": ("all", "cpu_and_gpu", "cpu_and_ne", "cpu_only"),
+               "compute_precision": ("fp16", "fp32")},
+    "vulkan": {"compute_precision": ("fp32", "fp16")},
+    "mps": {"compute_precision": ("fp16", "fp32")},
+}
+BACKEND_NAMES = {"xnnpack": "XNNPACK", "vulkan": "Vulkan", "coreml": "Core ML", "mps": "MPS"}
+
+
+# --- options and recipes ---------------------------------------------------------------------------------------
+
+def check_options(delegate, precision, options, weights=None):
+    if delegate not in DELEGATES:
+        raise MobileBuildError(f"unknown ExecuTorch delegate {delegate!r} (one of {', '.join(DELEGATES)})",
+                               field="targets")
+    if precision not in PRECISIONS:
+        raise MobileBuildError(f"unknown precision {precision!r} (one of {', '.join(PRECISIONS)})", field="targets")
+    if precision == "int8" and delegate not in INT8_DELEGATES:
+        raise MobileBuildError(f"int8 lowering is supported for {' and '.join(INT8_DELEGATES)}, not {delegate}; "
+                               "use fp32 (optionally compute_precision: fp16) for it", field="targets")
+    choices = OPTION_CHOICES[delegate]
+    for key, value in (options or {}).items():
+        if key not in choices:
+            known = ", ".join(choices) or "none"
+            raise MobileBuildError(f"{delegate} has no option {key!r} (options: {known})", field="targets")
+        if value not in choices[key]:
+            raise MobileBuildError(f"{delegate} option {key}: {value!r} is not one of {', '.join(choices[key])}",
+                                   field="targets")
+    if precision == "int8" and delegate == "coreml" and weights == "per_tensor":
+        raise MobileBuildError("Core ML's int8 recipe quantizes weights per channel only", field="quantize.weights")
+    if precision == "int8" and "compute_precision" in (options or {}):
+        raise MobileBuildError(f"{delegate} option compute_precision applies to fp32 lowering only",
+                               field="targets")
+
+
+def export_recipe(delegate, precision, options, weights=None):
+    """ExecuTorch's ExportRecipe for the delegate: the registry's where ExecuTorch has one. `weights`: the recipe's
+    quantize.weights ("per_tensor" picks XNNPACK's per-tensor recipe; per-channel otherwise)."""
+    from executorch.export import ExportRecipe, LoweringRecipe
+
+    options = options or {}
+    if delegate == "xnnpack":
+        from executorch.backends.xnnpack.recipes import XNNPackRecipeType
+
+        if precision == "fp32":
+            kind = XNNPackRecipeType.FP32
+        elif weights == "per_tensor":
+            kind = XNNPackRecipeType.PT2E_INT8_STATIC_PER_TENSOR
+        else:
+            kind = XNNPackRecipeType.PT2E_INT8_STATIC_PER_CHANNEL
+        return ExportRecipe.get_recipe(kind)
+    if delegate == "coreml":
+        import coremltools as ct
+        from executorch.backends.apple.coreml.recipes import CoreMLRecipeType
+
+        units = {"all": ct.ComputeUnit.ALL, "cpu_and_gpu": ct.ComputeUnit.CPU_AND_GPU,
+                 "cpu_and_ne": ct.ComputeUnit.CPU_AND_NE, "cpu_only": ct.ComputeUnit.CPU_ONLY}
+        if precision == "int8":
+            kind = CoreMLRecipeType.PT2E_INT8_STATIC
+        else:
+            kind = CoreMLRecipeType.FP32 if options.get("compute_precision") == "fp32" else CoreMLRecipeType.FP16
+        return ExportRecipe.get_recipe(kind, compute_unit=units[options.get("compute_units", "all")])
+    if delegate == "vulkan":
+        from executorch.backends.vulkan.partitioner.vulkan_partitioner import VulkanPartitioner
+
+        fp16 = options.get("compute_precision") == "fp16"
+        partitioner = VulkanPartitioner({"force_fp16": True} if fp16 else None)
+    else:
+        from executorch.backends.apple.mps.partition import MPSPartitioner
+        from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+        fp16 = options.get("compute_precision", "fp16") == "fp16"
+        partitioner = MPSPartitioner([CompileSpec("use_fp16", bytes([fp16]))])
+    return ExportRecipe(name=f"{delegate}_{precision}", lowering_recipe=LoweringRecipe(partitioners=[partitioner]))
+
+
+# --- calibration ---------------------------------------------------------------------------------------------
+
+def in_layout(tensor):
+    """The layout a program is exported for: NCHW (see the module's docstring)."""
+    return tensor.contiguous()
+
+
+def calibration_samples(settings, input_config):
+    """The recipe's calibration batches (`settings`: its quantize.calibration) as ExecuTorch's example inputs
+    (tuples), in the input's layout. The exported program has static shapes, so every batch must have the input's
+    shape."""
+    field = calibration.field(settings)
+    expected = list(input_config["shape"])
+    samples = []
+    for index, batch in enumerate(calibration.batches(settings, input_config)):
+        tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        if len(tensors) != 1 or not isinstance(tensors[0], torch.Tensor) or list(tensors[0].shape) != expected:
+            raise MobileBuildError(f"calibration batch {index} is {calibration.shape_of(batch)}, expected one "
+                                   f"tensor of shape {expected} (the input the program is exported for)", field=field)
+        samples.append((in_layout(tensors[0].to(modeling.DTYPES[input_config["dtype"]])),))
+    if not samples:
+        raise MobileBuildError("calibration produced no batches", field=field)
+    return samples
+
+
+# --- lowering ----------------------------------------------------------------------------------------------
+
+EXPORT_ADVICE = ("ExecuTorch needs one static graph: replace Python control flow on tensor values with torch.cond or "
+                 "torch.where, or make it depend on shapes only")
+
+
+def _export_error(exc):
+    return type(exc).__module__.startswith(("torch._dynamo", "torch.export", "torch._export",
+                                            "torch.fx.experimental"))
+
+
+def _root_cause(exc):
+    seen = {id(exc)}
+    while (exc.__cause__ or exc.__context__) is not None and id(exc.__cause__ or exc.__context__) not in seen:
+        exc = exc.__cause__ or exc.__context__
+        seen.add(id(exc))
+    return exc
+
+
+def _detail(exc):
+    """The error's first line, and the one that started it: a failed pass says only which pass failed."""
+    root = _root_cause(exc)
+    if root is exc:
+        return modeling.first_line(exc)
+    return f"{modeling.first_line(exc)} ({type(root).__name__}: {modeling.first_line(root)})"
+
+
+def failure_message(stage_type, delegate, exc):
+    from executorch.export import StageType
+
+    detail = _detail(exc)
+    if stage_type == StageType.TORCH_EXPORT or (stage_type == StageType.QUANTIZE and _export_error(exc)):
+        return f"torch.export cannot capture the model ({detail}); {EXPORT_ADVICE}"
+    if stage_type == StageType.QUANTIZE:
+        return f"int8 quantization (PT2E) failed: {detail}"
+    if stage_type == StageType.TO_EDGE_TRANSFORM_AND_LOWER:
+        return f"lowering to {BACKEND_NAMES[delegate]} failed: {type(exc).__name__}: {detail}"
+    return f"ExecuTorch could not build the program: {type(exc).__name__}: {detail}"
+
+
+def lower_to_bytes(model, input_config, delegate, precision="fp32", options=None, samples=None, weights=None):
+    """The .pte bytes of `model` lowered for `delegate`. `samples`: example inputs as tuples, the first one
+    exported, all of them calibrating int8 (default: input_config's example input). Raises MobileBuildError for
+    settings and models that cannot be lowered, ImportError when the delegate's own dependency is missing."""
+    check_options(delegate, precision, options, weights)
+    ensure_flatc()
+    samples = samples or [(in_layout(modeling.example_input(input_config)),)]
+    with quiet():
+        from executorch.export import ExportSession
+
+        torch.manual_seed(0)
+        session = ExportSession(model=model.eval(), example_inputs=samples,
+                                export_recipe=export_recipe(delegate, precision, options, weights))
+        _announce_stages(session, delegate, precision, len(samples))
+        try:
+            with torch.no_grad(), reproducible_coreml(delegate):
+                session.export()
+        except MobileBuildError:
+            raise
+        except Exception as exc:  # torch.export, quantizers and partitioners raise anything
+            done = session.get_stage_artifacts()
+            failed = next((s for s in session.get_all_registered_stages() if s not in done), None)
+            raise MobileBuildError(failure_message(failed, delegate, exc), field="targets") from None
+        return session.get_pte_buffer()
+
+
+def _announce_stages(session, delegate, precision, batches):
+    """A progress note as each of ExecuTorch's export stages that does work starts (an int8 MobileNetV2 takes half a
+    minute)."""
+    words = {"torch_export": "torch.export", "to_edge_transform_and_lower": f"lowering to {BACKEND_NAMES[delegate]}",
+             "to_executorch": "writing the ExecuTorch program"}
+    if precision == "int8":
+        words["quantize"] = f"quantizing, calibrated on {batches} batch{'es' if batches > 1 else ''}"
+    for kind, stage in session.get_all_registered_stages().items():
+        if kind.value in words:
+            def announced(artifact, _run=stage.run, _text=words[kind.value]):
+                progress.note(_text)
+                return _run(artifact)
+
+            stage.run = announced
+
+
+# --- delegation summary ------------------------------------------------------------------------------------------
+
+def preflight_delegation(model, input_config, delegate, precision="fp32", options=None, weights=None):
+    """Lower in memory and summarise, for a check before any build: how much would `delegate` take? Quantization
+    is calibrated on the example input only: which operators get delegated does not depend on the ranges."""
+    return pte.read(lower_to_bytes(model, input_config, delegate, precision, options, weights=weights)).delegation
+
+
+def undelegated_message(summary, delegate):
+    if summary["delegated_calls"] == 0:
+        return (f"nothing was delegated to {BACKEND_NAMES[delegate]}: all {summary['fallback_calls']} operator "
+                "calls run on ExecuTorch's portable CPU kernels")
+    return None
+
+
+def run(inputs, config, output):
+    delegate, precision = config.delegate, config.precision
+    input_config = config.input
+    samples = None
+    if precision == "int8":
+        if not config.calibration:
+            raise MobileBuildError("int8 lowering needs calibration batches", field="quantize.calibration")
+        samples = calibration_samples(config.calibration, input_config)
+    try:
+        data = lower_to_bytes(modeling.load_module(inputs["model"]), input_config, delegate, precision,
+                              config.options, samples, config.weights)
+    except ImportError as exc:  # a delegate's own dependency (coremltools) missing or broken
+        raise MobileBuildError(f"ExecuTorch's {BACKEND_NAMES[delegate]} delegate cannot be loaded: "
+                               f"{modeling.first_line(exc)}", field="targets") from None
+    with open(output, "wb") as handle:
+        handle.write(data)
+    return undelegated_message(pte.read(data).delegation, delegate)

@@ -1,0 +1,66 @@
+"""optimize: optimize_for_mobile (CPU, or Vulkan / Metal where torch was built for them), optional bundled inputs,
+saved for the lite interpreter (.ptl)."""
+
+import torch
+import torch.utils.bundled_inputs
+from torch.utils.mobile_optimizer import MobileOptimizerType, optimize_for_mobile
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker.stages import modeling
+
+
+def has_batch_norm(scripted):
+    return any(node.kind() == "aten::batch_norm" for node in scripted.inlined_graph.nodes())
+
+
+def blocklist_for(options, script_mode, scripted):
+    blocklist = {getattr(MobileOptimizerType, name) for name in options["blocklist"]}
+    if script_mode == "trace" and has_batch_norm(scripted):
+        # pytorch/pytorch#76807: on traced modules CONV_BN_FUSION drops the bias of Conv(bias=False)-BN. The fuse
+        # stage folds batch norm after convolutions, so one left here is one it could not see: keep it unfolded.
+        blocklist.add(MobileOptimizerType.CONV_BN_FUSION)
+    return blocklist
+
+
+# optimize_for_mobile's GPU backends rewrite the graph into ops that only special builds of torch register.
+GPU_EXPORT_OPS = {"vulkan": ("vulkan_prepack", "create_conv2d_context", "USE_VULKAN=1"),
+                  "metal": ("metal_prepack", "conv2d_prepack", "the Metal export ops (USE_PYTORCH_METAL_EXPORT=1)")}
+
+
+def check_gpu_export(backend):
+    """Fail before optimizing, with what to do, where torch would fail halfway with 'Unknown custom class type'."""
+    namespace, op, build = GPU_EXPORT_OPS[backend]
+    if not hasattr(getattr(torch.ops, namespace), op):
+        raise MobileBuildError(
+            f"optimize_for_mobile(backend={backend!r}) needs a torch built with {build}; this torch "
+            f"{torch.__version__} (a stock wheel) has no {namespace}::{op}. Name such an interpreter with "
+            f"`toolchain:` on this target, or use `runtime: executorch`, which lowers for {backend} on stock wheels",
+            field="targets")
+
+
+def optimize(scripted, options, script_mode, input_config, backend="CPU"):
+    blocklist = blocklist_for(options, script_mode, scripted)
+    missing = [m for m in options["preserved_methods"] if not hasattr(scripted, m)]
+    if missing:
+        raise MobileBuildError(f"the scripted model has no method {', '.join(map(repr, missing))}",
+                               field="optimize.preserved_methods")
+    optimized = optimize_for_mobile(scripted, optimization_blocklist=blocklist,
+                                    preserved_methods=list(options["preserved_methods"]), backend=backend)
+    if options["bundled_inputs"]:
+        bundled = torch.utils.bundled_inputs.bundle_randn(*input_config["shape"],
+                                                          dtype=modeling.DTYPES[input_config["dtype"]])
+        torch.utils.bundled_inputs.augment_model_with_bundled_inputs(optimized, [(bundled,)])
+    return optimized
+
+
+def run(inputs, config, output):
+    if config.engine:
+        torch.backends.quantized.engine = config.engine
+    backend = config.backend if config.backend in GPU_EXPORT_OPS else "CPU"
+    if backend != "CPU":
+        check_gpu_export(backend)
+    scripted = torch.jit.load(inputs["scripted"], map_location="cpu")
+    optimized = optimize(scripted, config.options, config.script_mode, config.input, backend)
+    data = optimized._save_to_buffer_for_lite_interpreter()
+    with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
+        handle.write(data)

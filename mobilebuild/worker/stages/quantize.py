@@ -1,0 +1,176 @@
+"""quantize: eager-mode quantization with the target engine's qconfig: static post-training (the performance
+recipe, step 2) calibrated on random, image-folder or user-supplied batches; dynamic (no calibration); or the
+conversion of a quantization-aware-trained checkpoint."""
+
+import contextlib
+import warnings
+
+import torch
+import torch.ao.nn.intrinsic as nni
+from torch import nn
+from torch.ao import quantization as tq
+from torch.overrides import TorchFunctionMode
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker.stages import calibration, fuse, modeling
+
+# Linear-ReLU too: the fuse stage has usually fused them, and a fused one is no longer an nn.Linear.
+DYNAMIC_TYPES = (nn.Linear, nni.LinearReLU, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
+
+
+def use_engine(engine):
+    if engine not in torch.backends.quantized.supported_engines:
+        raise MobileBuildError(f"this torch build has no {engine!r} quantized engine "
+                               f"(has: {', '.join(torch.backends.quantized.supported_engines)})", field="targets")
+    torch.backends.quantized.engine = engine
+
+
+def qconfig_for(engine, weights=None, qat=False):
+    """The engine's default (QAT) qconfig, with per-channel or per-tensor weights when the recipe asks."""
+    base = tq.get_default_qat_qconfig(engine) if qat else tq.get_default_qconfig(engine)
+    if weights is None:
+        return base
+    per_channel = weights == "per_channel"
+    if qat:
+        weight = tq.default_per_channel_weight_fake_quant if per_channel else tq.default_weight_fake_quant
+    else:
+        weight = tq.default_per_channel_weight_observer if per_channel else tq.default_weight_observer
+    return tq.QConfig(activation=base.activation, weight=weight)
+
+
+def _with_stubs(model):
+    if not any(isinstance(m, tq.QuantStub) for m in model.modules()):
+        return tq.QuantWrapper(model)  # float interface, quantized core (the NNAPI post's "core" mode)
+    return model
+
+
+def prepared(model, engine, qconfig):
+    """The model with stubs, `qconfig` and observers: ready to calibrate."""
+    use_engine(engine)
+    model = _with_stubs(model).eval()
+    model.qconfig = qconfig
+    return tq.prepare(model, inplace=True)
+
+
+def prepare_qat_model(model, engine, fuse_setting="auto", weights=None):
+    """What a `quantize.mode: qat` checkpoint is trained from: the float model fused for QAT (batch norm kept, to
+    be folded at conversion), stubbed, with the engine's QAT qconfig and fake quantization. Train it, then save
+    its state_dict."""
+    use_engine(engine)
+    fused, _ = fuse.fuse(model, fuse_setting, qat=True)
+    fused = _with_stubs(fused).train()
+    fused.qconfig = qconfig_for(engine, weights, qat=True)
+    return tq.prepare_qat(fused, inplace=True)
+
+
+def static(model, engine, batches, weights=None, field="quantize.calibration"):
+    """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from."""
+    model = prepared(model, engine, qconfig_for(engine, weights))
+    seen = 0
+    with torch.no_grad():
+        for batch in batches:
+            try:
+                model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+            except Exception as exc:  # batches of the wrong shape or type, from the user's calibration function
+                raise MobileBuildError(f"the model rejects a calibration batch of shape "
+                                       f"{calibration.shape_of(batch)}: {modeling.first_line(exc)}",
+                                       field=field) from None
+            seen += 1
+    if not seen:
+        raise MobileBuildError("calibration produced no batches", field=field)
+    return tq.convert(model, inplace=True)
+
+
+def dynamic(model, engine, weights=None):
+    """Weights of Linear and recurrent layers to int8, activations quantized on the fly: no calibration."""
+    use_engine(engine)
+    qconfig = tq.per_channel_dynamic_qconfig if weights == "per_channel" else tq.default_dynamic_qconfig
+    return tq.quantize_dynamic(model.eval(), {kind: qconfig for kind in DYNAMIC_TYPES}, inplace=True)
+
+
+def from_qat(source, trained_path, engine, fuse_setting, weights=None):
+    model = prepare_qat_model(modeling.build_model(source, seed=0), engine, fuse_setting, weights)
+    modeling.load_weights(model, trained_path, field="quantize.checkpoint")
+    return tq.convert(model.eval(), inplace=True)
+
+
+def load_quantized(fused_path, state_path, engine, quantization):
+    """Quantized eager modules do not survive pickling, so the quantize stage stores a state_dict; the module
+    structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it."""
+    fused = modeling.load_module(fused_path)
+    if quantization["mode"] == "dynamic":
+        model = dynamic(fused, engine, quantization["weights"])
+    else:  # static and QAT both convert to the same quantized modules
+        # The observers' values are replaced by the stored ones: the cheapest observer gives the same structure,
+        # where the engine's HistogramObserver would spend its parameter search on nothing.
+        skeleton = tq.QConfig(activation=tq.MinMaxObserver.with_args(dtype=torch.quint8),
+                              weight=qconfig_for(engine, quantization["weights"]).weight)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # converting uncalibrated observers warns
+            model = tq.convert(prepared(fused, engine, skeleton), inplace=True)
+    model.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=False))
+    return model.eval()
+
+
+class _FailingCall(TorchFunctionMode):
+    """Notes the torch function that raised: a quantized model's own error ("empty_strided not supported on
+    quantized tensors yet") seldom names the operation at fault."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        try:
+            return func(*args, **(kwargs or {}))
+        except Exception:
+            self.failed = self.failed or func
+            raise
+
+
+def _call_name(func):
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+    if "." in name:
+        return name.replace("TensorBase.", "Tensor.")
+    return f"{getattr(func, '__module__', None) or 'torch'}.{name}"
+
+
+def check_runs(model, input_config, engine, field):
+    """Eager conversion accepts operations that have no quantized kernel (`x + y` on two quantized tensors, without
+    FloatFunctional); they would fail only later, when the model is traced or verified, or on the phone. Run the
+    example input once here, so the failure names this stage and the operation."""
+    def forward(watcher=contextlib.nullcontext()):
+        with torch.no_grad(), watcher:
+            model(modeling.example_input(input_config))
+
+    try:
+        forward()
+    except Exception as exc:
+        detail = modeling.first_line(exc).split(". ")[0]
+        watcher = _FailingCall()
+        try:
+            forward(watcher)  # again, only to find the operation: a TorchFunctionMode slows every call
+        except Exception:
+            pass
+        if watcher.failed is None:
+            raise MobileBuildError(f"the quantized model fails on the {engine} engine: {detail}",
+                                   field=field) from None
+        raise MobileBuildError(
+            f"the quantized model fails on the {engine} engine in {_call_name(watcher.failed)} ({detail}): an "
+            "operation on quantized tensors without a quantized kernel; use torch.ao.nn.quantized.FloatFunctional "
+            "for +, * and cat, or a DeQuantStub before it", field=field) from None
+
+
+def run(inputs, config, output):
+    engine, weights = config.engine, config.weights
+    if config.mode == "static":
+        batches = calibration.batches(config.calibration, config.input)
+        quantized = static(modeling.load_module(inputs["model"]), engine, batches, weights,
+                           field=calibration.field(config.calibration))
+    elif config.mode == "dynamic":
+        quantized = dynamic(modeling.load_module(inputs["model"]), engine, weights)
+    else:
+        quantized = from_qat(config.model, inputs["trained"], engine, config.fuse, weights)
+    source_field = "model.factory" if "factory" in config.model else "model.torchvision"
+    check_runs(quantized, config.input, engine, field=source_field)
+    modeling.save(quantized.state_dict(), output)

@@ -1,0 +1,89 @@
+"""verify: run the artifact in its runtime and compare it with the fp32 eager model on the same inputs."""
+
+import json
+
+import torch
+
+from mobilebuild import store
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import metrics, runtimes
+from mobilebuild.worker.stages import modeling, prune
+
+
+def evaluation_data(config):
+    """(inputs, labels or None, description): the recipe's evaluation data, or seeded random inputs."""
+    if config.evaluation is None:
+        batches = [modeling.example_input(config.input, seed=config.seed + i) for i in range(config.samples)]
+        return torch.cat(batches), None, "random"
+    spec, field = config.evaluation["function"], "verify.evaluation.function"
+    data = modeling.call_user(modeling.resolve_callable(spec, field), spec, field, **config.evaluation["kwargs"])
+    inputs, labels = data if isinstance(data, (tuple, list)) and len(data) == 2 else (data, None)
+    if not isinstance(inputs, torch.Tensor) or list(inputs.shape[1:]) != config.input["shape"][1:]:
+        raise MobileBuildError(f"expected inputs of shape [N, {', '.join(map(str, config.input['shape'][1:]))}]"
+                               f", got {getattr(inputs, 'shape', type(inputs).__name__)}",
+                               field="verify.evaluation.function")
+    if labels is not None and (not isinstance(labels, torch.Tensor) or list(labels.shape) != [len(inputs)]):
+        got = f"a Tensor of shape {list(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise MobileBuildError(f"expected one label per input ({len(inputs)}), got {got}",
+                               field="verify.evaluation.function")
+    return inputs, labels, "evaluation"
+
+
+def run_in_batches(model, inputs, batch):
+    """The artifact was built for the example's batch size (a traced graph may have it baked in)."""
+    usable = len(inputs) - len(inputs) % batch
+    with torch.no_grad():
+        return torch.cat([model(chunk) for chunk in inputs[:usable].split(batch)]), usable
+
+
+def verify(artifact, reference, config, inputs, labels):
+    batch = config.input["shape"][0]
+    expected, usable = run_in_batches(reference, inputs, batch)
+    try:
+        produced, _ = run_in_batches(artifact, inputs, batch)
+    except (RuntimeError, NotImplementedError) as exc:
+        raise MobileBuildError(f"the artifact fails on the host: {modeling.first_line(exc)}",
+                               field="targets") from None
+    found = metrics.compare(expected, produced, None if labels is None else labels[:usable])
+    return found, usable
+
+
+def run(inputs, config, output):
+    result = {"artifact_sha256": store.sha256_file(inputs["artifact"]),
+              "status": "not run on host", "reason": config.host_reason, "precision": config.precision,
+              "data": None, "samples": 0, "metrics": None, "thresholds": config.thresholds, "failures": []}
+    facts = runtimes.inspect(inputs["artifact"], config)
+    if facts is not None:
+        result["artifact"] = facts
+    if config.runs_on_host:
+        data, labels, description = evaluation_data(config)
+        reference = modeling.restore_model(config.model, inputs["checkpoint"])
+        artifact = runtimes.load(inputs["artifact"], config)
+        found, samples = verify(artifact, reference, config, data, labels)
+        missed = metrics.failures(found, config.thresholds)
+        result.update(status="failed" if missed else "passed", data=description, samples=samples,
+                      metrics=metrics.json_safe(found), failures=missed)
+    if config.pruning:
+        state = modeling.load_state_dict_file(inputs["checkpoint"], field="prune")
+        result["sparsity"] = prune.sparsity(state, config.pruning.get("modules"))
+    with open(output, "w") as handle:
+        json.dump(result, handle, indent=2, sort_keys=True, allow_nan=False)
+    _say(result)
+
+
+def _say(result):
+    found = result["metrics"]
+    if found is None:
+        print(f"   {result['status']}: {result['reason']}")
+        return
+    parts = [f"{name} {_short(found[key])}{unit}" for name, key, unit in
+             (("SQNR", "sqnr_db", " dB"), ("cosine", "cosine", ""), ("max rel. error", "max_rel_error", ""))]
+    if found["top1_agreement"] is not None:
+        parts.append(f"top-1 agreement {found['top1_agreement']:.3f}")
+    if found["accuracy_reference"] is not None:
+        parts.append(f"accuracy {found['accuracy_reference']:.3f} -> {found['accuracy_artifact']:.3f}")
+    print(f"   {result['status']} on {result['samples']} {result['data']} inputs: {', '.join(parts)}")
+
+
+def _short(value):
+    return "n/a" if value is None else f"{value:.5g}"

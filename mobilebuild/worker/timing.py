@@ -1,0 +1,78 @@
+"""Timing one model in a process of its own (bench.time_in_subprocess forks one per measurement from a server
+that has imported this module, and torch, once); progress goes to stderr.
+
+A fresh process per measurement keeps earlier work (other models, allocator state, thread pools) out of the
+numbers, like speed_benchmark_torch on a device. Its peak RSS is the kernel's high-water mark, reset when the
+measurement starts: what the runtime, the model and its runs held resident, without what the process it came
+from once held.
+"""
+
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+from mobilebuild.worker import measure_alone, runtimes, serve
+from mobilebuild.worker.stages import modeling
+
+
+def measure_into(spec, connection):
+    """The forked process's work: measure in the build's repository (a model may be pickled with a class of its),
+    send the result."""
+    serve.enter_root(spec["root"])
+    connection.send(measure(spec))
+    connection.close()
+
+
+def _reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # Linux: the high-water mark becomes the current RSS
+    except OSError:
+        pass
+
+
+def _peak_rss_mb():
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):  # not Linux: the process's maximum, which may include its parent's
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(spec):
+    config = spec["config"]
+    timing = config.timing
+    _reset_peak_rss()
+    torch.set_num_threads(timing["threads"])
+    example = modeling.example_input(config.input)  # one input, reused: the recipe's Android advice
+    samples = []
+    # a live counter on a terminal; four lines in a log
+    step = max(1, timing["iters"] // (20 if sys.stderr.isatty() else 4))
+    end = "\r" if sys.stderr.isatty() else "\n"
+    with measure_alone.measuring_alone(spec["label"]), torch.no_grad():
+        started = time.perf_counter()
+        model = runtimes.load(spec["path"], config)
+        load_ms = (time.perf_counter() - started) * 1e3
+        for _ in range(timing["warmup"]):
+            model(example)
+        for index in range(timing["iters"]):
+            started = time.perf_counter_ns()
+            model(example)
+            samples.append((time.perf_counter_ns() - started) / 1e6)
+            if (index + 1) % step == 0:
+                print(f"   {spec['label']}: {index + 1}/{timing['iters']} iterations", end=end, file=sys.stderr,
+                      flush=True)
+    deciles = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
+    return {
+        "median_ms": statistics.median(samples),
+        "p10_ms": deciles[0],
+        "p90_ms": deciles[-1],
+        "mean_ms": statistics.fmean(samples),
+        "stdev_ms": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+        "load_ms": load_ms,
+        "peak_rss_mb": _peak_rss_mb(),
+        "threads": torch.get_num_threads(),
+    }

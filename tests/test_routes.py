@@ -1,0 +1,131 @@
+"""A route is the single registry entry for a target: a project adds a backend with one route, one stage (its contract
+and module) and one runtime module, all in its own files, and every part of the build follows (the recipe grammar,
+the task group, the chain, verification, the benchmark, the manifest, the graph's colours)."""
+
+import json
+import textwrap
+
+import pytest
+from conftest import tiny_recipe
+
+from mobilebuild.plan import routes, stages
+
+# The toy backend ships the fused model as TorchScript, loaded by torch.jit.load: a real stage and a real runtime.
+TOY_STAGE = textwrap.dedent('''
+    from dataclasses import dataclass
+
+    from mobilebuild.plan.stages import FILE
+
+
+    @dataclass(frozen=True)
+    class ToyConfig:
+        input: dict
+        note: str
+
+
+    def plan(chain):
+        """The toy stage's node in a target's chain: after the fused model."""
+        return chain.shipped("toy", ToyConfig(input=chain.recipe.input, note=chain.settings.get("note", "plain")),
+                             {"model": chain.nodes["fuse"]}, files=chain.source_files)
+
+
+    def run(inputs, config, output):
+        import torch
+
+        from mobilebuild.worker.stages import modeling
+
+        scripted = torch.jit.script(modeling.load_module(inputs["model"]))
+        print(f"   toy note: {config.note}")
+        with open(output, "wb") as handle:
+            torch.jit.save(scripted, handle)
+''')
+
+TOY_RUNTIME = textwrap.dedent('''
+    import torch
+
+
+    def load(path, config):
+        return torch.jit.load(str(path), map_location="cpu")
+
+
+    def inspect(path, config):
+        return {"loaded_by": "toyruntime"}
+''')
+
+TOY_DODO = textwrap.dedent('''
+    from mobilebuild.plan import routes, stages
+    from toystage import ToyConfig, plan
+
+    stages.register(stages.Stage("toy", ToyConfig, {"model": ("fuse",)}, "The toy backend's TorchScript files.",
+                                 "#123456", module="toystage", plan=plan))
+    routes.register(routes.Route("toy", "toyrt", ("fp32",), ("toy",), ".toy", "a toy backend", loader="toyrt",
+                                 runtime_module="toyruntime", settings="toy", default=True,
+                                 structure=lambda facts: f"loaded by {facts.get('loaded_by')}"))
+
+    from mobilebuild.tasks import *  # noqa: E402,F401,F403
+''')
+
+
+@pytest.fixture
+def toy_project(project):
+    (project.root / "toystage.py").write_text(TOY_STAGE)
+    (project.root / "toyruntime.py").write_text(TOY_RUNTIME)
+    (project.root / "dodo.py").write_text(TOY_DODO)
+    # the `doit graph` command, as a repository of models registers it (README, Commands)
+    plugins = '[tool.doit.plugins.command]\ngraph = "mobilebuild.build.commands:Graph"\n'
+    (project.root / "pyproject.toml").write_text(plugins)
+    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "toy", "toy": {"note": "hello"}}]))
+    return project
+
+
+@pytest.mark.slow
+def test_a_route_added_by_a_project_builds_verifies_and_benchmarks(toy_project):
+    listing = toy_project.run("list", "--all")
+    assert "toy:tiny-toy" in listing.stdout, listing.stderr
+    built = toy_project.run()
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "toy note: hello" in built.stdout
+    assert toy_project.artifact("tiny/tiny-toy.toy").is_file()
+
+    verification = json.loads(toy_project.artifact("tiny/verify-toy.json").read_text())
+    assert verification["status"] == "passed", verification
+    assert verification["metrics"]["sqnr_db"] > 40
+    assert verification["artifact"] == {"loaded_by": "toyruntime"}
+    benchmark = json.loads(toy_project.artifact("tiny/bench-toy.json").read_text())
+    assert benchmark["status"] == "ran" and benchmark["runtime"] == "toyrt"
+
+    manifest = json.loads(toy_project.artifact("tiny/manifest.json").read_text())
+    toy = next(target for target in manifest["targets"] if target["target"] == "toy")
+    assert (toy["backend"], toy["runtime"], toy["status"]) == ("toy", "toyrt", "passed")
+    assert "loaded by toyruntime" in toy_project.artifact("report.md").read_text()
+
+    graphed = toy_project.run("graph", "-o", "graph.dot")
+    assert graphed.returncode == 0, graphed.stderr
+    assert '"toy:tiny-toy" [fillcolor="#123456"]' in (toy_project.root / "graph.dot").read_text()
+    assert toy_project.doit() == []  # up to date: nothing runs again
+
+
+def test_without_its_route_a_backend_is_not_in_the_grammar(project):
+    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "toy"}]))
+    result = project.run("list")
+    assert result.returncode != 0
+    assert 'recipes/tiny.yaml: targets[1].backend: expected one of "xnnpack"' in result.stderr
+    assert 'got "toy"' in result.stderr
+
+
+@pytest.mark.parametrize("route", routes.all_routes(), ids=lambda route: route.key)
+def test_every_route_names_stages_that_exist_and_chain(route):
+    previous = "fuse"
+    for name in route.stages:
+        stage = stages.get(name)
+        assert stage.planner() is not None
+        assert any(previous in allowed for allowed in stage.inputs.values()), (previous, name)
+        previous = name
+
+
+def test_a_chain_that_breaks_a_contract_is_refused():
+    with pytest.raises(AssertionError, match="stage optimize cannot take 'scripted' from fuse"):
+        stages.get("optimize").check_inputs({"scripted": "fuse"})
+    with pytest.raises(AssertionError, match="stage lower takes no input 'quantized'"):
+        stages.get("lower").check_inputs({"model": "fuse", "quantized": "quantize"})
+    stages.get("verify").check_inputs({"artifact": "lower", "checkpoint": "prune"})
