@@ -46,7 +46,7 @@ def enter_root(root):
     _current_root = root
 
 
-def run_stage(stage, inputs, config, output, root, task=None, module=None, config_type=None, measures=None):
+def run_stage(stage, inputs, config, output, root, task=None, module=None, config_type=None):
     """Run one stage function for `task` (the name progress notes go under), then make its output reproducible.
     `module` and `config_type` (a "module:Class") default to the built-in stage's (plan.stages)."""
     from mobilebuild.worker import reproducible  # torch
@@ -71,7 +71,8 @@ def handle(request):
     """A request from the build -> its reply: empty, a user error, an OS error, or a crash's traceback, and
     what the stage printed, which the build prints as the task's output (doit may capture it, e.g. `-r json`)."""
     printed = io.StringIO()
-    measures = request.get("measures")
+    request = dict(request)
+    measures = request.pop("measures", None)
     if measures is None:
         measures = stages.get(request["stage"]).measures
     # a stage that measures takes the host lock itself, for its measurement only
