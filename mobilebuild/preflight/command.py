@@ -10,8 +10,6 @@ from mobilebuild.preflight.advice import BLOCKING, KINDS
 from mobilebuild.preflight.whole_recipe import run
 from mobilebuild.worker import measure_alone
 
-# --- output --------------------------------------------------------------------------------------------------
-
 
 def _status(findings):
     blocking = sum(item["kind"] in BLOCKING for item in findings)

@@ -15,7 +15,6 @@ from mobilebuild.worker.stages import checkpoint, fuse, modeling, nnapi, quantiz
 
 CHANNEL_MULTIPLE = 8
 
-# --- the model's structure -----------------------------------------------------------------------------------
 
 LAYERS = (nn.modules.conv._ConvNd, nn.Linear)
 # Between a layer and its activation: folded away (batch norm) or nothing at inference.

@@ -15,9 +15,6 @@ from mobilebuild.preflight.advice import activation_findings, finding
 from mobilebuild.worker import reproducible
 from mobilebuild.worker.stages import export, lower, modeling, nnapi, optimize, quantize
 
-# --- one target ----------------------------------------------------------------------------------------------
-
-
 # nnapi.unsupported_ops' lines: "aten::hardtanh_ (features.2, a ReLU6, and 3 more) [hint]"
 NNAPI_LINE = re.compile(r"(?P<kind>\S+) \((?P<where>.*?)\)(?P<hint>.*)")
 

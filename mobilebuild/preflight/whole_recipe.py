@@ -1,4 +1,4 @@
-"""Checking a whole recipe: its model built once, then each target's check (check/targets.py)."""
+"""Checking a whole recipe: its model built once (structure.py), then each target's check (targets.py)."""
 
 import time
 from pathlib import Path
@@ -10,9 +10,7 @@ from mobilebuild.preflight.structure import Model
 from mobilebuild.preflight.targets import TargetCheck
 from mobilebuild.worker.quiet import quiet
 
-VERSIONS = ("torch", "executorch", "onnxruntime")
-
-# --- the whole recipe ------------------------------------------------------------------------------------------
+VERSIONS = ("torch", "executorch", "onnxruntime")  # what the report's header names
 
 
 def _load(recipe_path, root, only):
