@@ -214,7 +214,7 @@ class Model:
                 self._quantized[key] = quantize.dynamic(model, engine, settings.get("weights"))
             else:  # QAT converts to the same quantized modules as static quantization
                 self._quantized[key] = quantize.static(model, engine, [modeling.example_input(self.input)],
-                                                       settings.get("weights"))
+                                                       settings.get("weights"), input_config=self.input)
         return copy.deepcopy(self._quantized[key])
 
 

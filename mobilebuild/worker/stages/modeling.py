@@ -1,6 +1,8 @@
 """What several stages share: building the recipe's model, its example input, and reading artifacts back."""
 
+import difflib
 import importlib
+import inspect
 import itertools
 import pickle
 import zipfile
@@ -47,20 +49,33 @@ def call_user(function, spec, field, *args, **kwargs):
         raise MobileBuildError(f"{spec} raised {type(exc).__name__}: {first_line(exc)}", field=field) from None
 
 
+def torchvision_builder(name, quantizable=False):
+    """(builder, its full name) for any model torchvision registers (classification, segmentation, detection, video,
+    optical flow: `torchvision.models.get_model_builder`), or its quantizable variant."""
+    from torchvision import models
+
+    where = "torchvision.models.quantization" if quantizable else "torchvision.models"
+    registered = f"quantized_{name}" if quantizable else name
+    known = models.list_models(module=models.quantization) if quantizable else models.list_models()
+    if registered not in known:
+        names = list(dict.fromkeys(item.removeprefix("quantized_") for item in known))
+        closest = difflib.get_close_matches(name, names, n=3)
+        hint = f" (closest: {', '.join(closest)})" if closest else f" (list them with {where}.list_models())"
+        raise MobileBuildError(f"{where} has no model builder {name!r}{hint}", field="model.torchvision")
+    return models.get_model_builder(registered), f"{where}.{name}"
+
+
 def build_model(source, seed):
     """A freshly initialised model from the recipe's `model` source, seeded, in eval mode."""
     torch.manual_seed(seed)
     kwargs = dict(source.get("kwargs", {}))
     if "torchvision" in source:
-        import torchvision
-
-        namespace = torchvision.models.quantization if source.get("quantizable") else torchvision.models
-        builder = getattr(namespace, source["torchvision"], None)
-        where = "torchvision.models.quantization" if source.get("quantizable") else "torchvision.models"
-        if builder is None or not callable(builder):
-            raise MobileBuildError(f"{where} has no model builder {source['torchvision']!r}", field="model.torchvision")
-        kwargs.setdefault("weights", None)  # no downloads at build time: weights come from a checkpoint
-        field, name = "model.torchvision", f"{where}.{source['torchvision']}"
+        builder, name = torchvision_builder(source["torchvision"], source.get("quantizable", False))
+        # no downloads at build time: weights come from a checkpoint, and a backbone's too
+        kwargs.setdefault("weights", None)
+        if "weights_backbone" in inspect.signature(builder).parameters:
+            kwargs.setdefault("weights_backbone", None)
+        field = "model.torchvision"
     else:
         builder = resolve_callable(source["factory"], field="model.factory")
         field, name = "model.factory", source["factory"]

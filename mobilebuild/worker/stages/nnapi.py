@@ -224,7 +224,8 @@ def _model(inputs, config):
     if "quantized" not in inputs or not config.quantization:
         raise MobileBuildError(f"NNAPI mode {config.mode} converts a quantized model: add a quantize step",
                                field="quantize")
-    return quantize.load_quantized(inputs["model"], inputs["quantized"], config.engine, config.quantization)
+    return quantize.load_quantized(inputs["model"], inputs["quantized"], config.engine, config.quantization,
+                                   config.input)
 
 
 def run(inputs, config, output):

@@ -38,16 +38,42 @@ def qconfig_for(engine, weights=None, qat=False):
     return tq.QConfig(activation=base.activation, weight=weight)
 
 
-def _with_stubs(model):
-    if not any(isinstance(m, tq.QuantStub) for m in model.modules()):
-        return tq.QuantWrapper(model)  # float interface, quantized core (the NNAPI post's "core" mode)
-    return model
+class DequantizedOutputs(tq.QuantWrapper):
+    """QuantWrapper for a model that returns several tensors (a tuple, a dict, nested): each one is dequantized, where
+    QuantWrapper's single DeQuantStub fails on the structure ("'tuple' object has no attribute 'dequantize'")."""
+
+    def forward(self, x):
+        return _map_tensors(self.dequant, self.module(self.quant(x)))
 
 
-def prepared(model, engine, qconfig):
+def _map_tensors(function, value):
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    if isinstance(value, dict):
+        return {key: _map_tensors(function, item) for key, item in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_map_tensors(function, item) for item in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(function, item) for item in value)
+    return value
+
+
+def _with_stubs(model, input_config=None):
+    """The model with a float interface around a quantized core (the NNAPI post's "core" mode), unless it has stubs
+    of its own. A model that returns several tensors (seen on the example input) gets each one dequantized."""
+    if any(isinstance(m, tq.QuantStub) for m in model.modules()):
+        return model
+    if input_config is not None:
+        with torch.no_grad():
+            if not isinstance(model(modeling.example_input(input_config)), torch.Tensor):
+                return DequantizedOutputs(model)
+    return tq.QuantWrapper(model)
+
+
+def prepared(model, engine, qconfig, input_config=None):
     """The model with stubs, `qconfig` and observers: ready to calibrate."""
     use_engine(engine)
-    model = _with_stubs(model).eval()
+    model = _with_stubs(model.eval(), input_config).eval()
     model.qconfig = qconfig
     return tq.prepare(model, inplace=True)
 
@@ -63,9 +89,10 @@ def prepare_qat_model(model, engine, fuse_setting="auto", weights=None):
     return tq.prepare_qat(fused, inplace=True)
 
 
-def static(model, engine, batches, weights=None, field="quantize.calibration"):
-    """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from."""
-    model = prepared(model, engine, qconfig_for(engine, weights))
+def static(model, engine, batches, weights=None, field="quantize.calibration", input_config=None):
+    """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from, `input_config` the
+    example input that shows the model's output structure."""
+    model = prepared(model, engine, qconfig_for(engine, weights), input_config)
     seen = 0
     with torch.no_grad():
         for batch in batches:
@@ -94,7 +121,7 @@ def from_qat(source, trained_path, engine, fuse_setting, weights=None):
     return tq.convert(model.eval(), inplace=True)
 
 
-def load_quantized(fused_path, state_path, engine, quantization):
+def load_quantized(fused_path, state_path, engine, quantization, input_config=None):
     """Quantized eager modules do not survive pickling, so the quantize stage stores a state_dict; the module
     structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it."""
     fused = modeling.load_module(fused_path)
@@ -107,7 +134,7 @@ def load_quantized(fused_path, state_path, engine, quantization):
                               weight=qconfig_for(engine, quantization["weights"]).weight)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # converting uncalibrated observers warns
-            model = tq.convert(prepared(fused, engine, skeleton), inplace=True)
+            model = tq.convert(prepared(fused, engine, skeleton, input_config), inplace=True)
     model.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=False))
     return model.eval()
 
@@ -166,7 +193,7 @@ def run(inputs, config, output):
     if config.mode == "static":
         batches = calibration.batches(config.calibration, config.input)
         quantized = static(modeling.load_module(inputs["model"]), engine, batches, weights,
-                           field=calibration.field(config.calibration))
+                           field=calibration.field(config.calibration), input_config=config.input)
     elif config.mode == "dynamic":
         quantized = dynamic(modeling.load_module(inputs["model"]), engine, weights)
     else:

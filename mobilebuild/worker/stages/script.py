@@ -28,7 +28,7 @@ def to_torchscript(model, mode, example):
                     f"torch.jit.script cannot compile the model ({modeling.first_line(exc)}); if forward only "
                     "uses Python the compiler does not support, set `script: trace`", field="script") from None
         try:
-            return torch.jit.trace(model, example)
+            return torch.jit.trace(model, example, strict=False)  # dict outputs (segmentation): fixed structure
         except Exception as exc:
             raise MobileBuildError(
                 f"torch.jit.trace failed ({modeling.first_line(exc)}); tracing records tensor operations only: for "
@@ -40,7 +40,7 @@ def run(inputs, config, output):
         torch.backends.quantized.engine = config.engine
     if "quantized" in inputs:
         model = quantize.load_quantized(inputs["model"], inputs["quantized"], config.engine,
-                                        config.quantization)
+                                        config.quantization, config.input)
     else:
         model = modeling.load_module(inputs["model"])
     if config.input["memory_format"] == "channels_last":

@@ -1,12 +1,13 @@
 """verify: run the artifact in its runtime and compare it with the fp32 eager model on the same inputs."""
 
 import json
+import math
 
 import torch
 
 from mobilebuild import store
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import metrics, runtimes
+from mobilebuild.worker import metrics, outputs, runtimes
 from mobilebuild.worker.stages import modeling, prune
 
 
@@ -30,13 +31,18 @@ def evaluation_data(config):
 
 
 def run_in_batches(model, inputs, batch):
-    """The artifact was built for the example's batch size (a traced graph may have it baked in)."""
+    """[(output name, its values over every usable input)], and how many inputs were usable: the artifact was built
+    for the example's batch size (a traced graph may have it baked in)."""
     usable = len(inputs) - len(inputs) % batch
     with torch.no_grad():
-        return torch.cat([model(chunk) for chunk in inputs[:usable].split(batch)]), usable
+        chunks = [outputs.leaves(model(chunk)) for chunk in inputs[:usable].split(batch)]
+    names = [name for name, _ in chunks[0]]
+    return [(name, torch.cat([chunk[index][1] for chunk in chunks])) for index, name in enumerate(names)], usable
 
 
 def verify(artifact, reference, config, inputs, labels):
+    """{output name: its metrics} for every output of the eager model, compared position by position with the
+    artifact's; labels judge the first output that holds class scores."""
     batch = config.input["shape"][0]
     expected, usable = run_in_batches(reference, inputs, batch)
     try:
@@ -44,8 +50,22 @@ def verify(artifact, reference, config, inputs, labels):
     except (RuntimeError, NotImplementedError) as exc:
         raise MobileBuildError(f"the artifact fails on the host: {modeling.first_line(exc)}",
                                field="targets") from None
-    found = metrics.compare(expected, produced, None if labels is None else labels[:usable])
+    if len(produced) != len(expected):
+        raise MobileBuildError(f"the artifact returns {len(produced)} tensor(s), the eager model {len(expected)} "
+                               f"({', '.join(name for name, _ in expected)})", field="targets")
+    scores = next((name for name, values in expected if metrics.is_classifier_output(values)), None)
+    found = {name: metrics.compare(values, output, labels[:usable] if labels is not None and name == scores else None)
+             for (name, values), (_, output) in zip(expected, produced)}
     return found, usable
+
+
+def _worst(found):
+    """The output furthest from the eager model (lowest SQNR): the one the summary and the report show."""
+    def sqnr(name):
+        value = found[name]["sqnr_db"]
+        return -math.inf if math.isnan(value) else value  # NaN outputs are the worst there is
+
+    return min(found, key=sqnr)
 
 
 def run(inputs, config, output):
@@ -60,9 +80,14 @@ def run(inputs, config, output):
         reference = modeling.restore_model(config.model, inputs["checkpoint"])
         artifact = runtimes.load(inputs["artifact"], config)
         found, samples = verify(artifact, reference, config, data, labels)
-        missed = metrics.failures(found, config.thresholds)
+        missed = [f"{name}: {line}" if len(found) > 1 else line
+                  for name, values in found.items() for line in metrics.failures(values, config.thresholds)]
+        worst = _worst(found)
         result.update(status="failed" if missed else "passed", data=description, samples=samples,
-                      metrics=metrics.json_safe(found), failures=missed)
+                      metrics=metrics.json_safe(found[worst]), failures=missed)
+        if len(found) > 1:  # a lone output keeps the result as it was: its metrics are the result's
+            result.update(worst_output=worst,
+                          outputs={name: metrics.json_safe(values) for name, values in found.items()})
     if config.pruning:
         state = modeling.load_state_dict_file(inputs["checkpoint"], field="prune")
         result["sparsity"] = prune.sparsity(state, config.pruning.get("modules"))
@@ -82,7 +107,8 @@ def _say(result):
         parts.append(f"top-1 agreement {found['top1_agreement']:.3f}")
     if found["accuracy_reference"] is not None:
         parts.append(f"accuracy {found['accuracy_reference']:.3f} -> {found['accuracy_artifact']:.3f}")
-    print(f"   {result['status']} on {result['samples']} {result['data']} inputs: {', '.join(parts)}")
+    several = f" ({len(result['outputs'])} outputs, worst: {result['worst_output']})" if "outputs" in result else ""
+    print(f"   {result['status']} on {result['samples']} {result['data']} inputs{several}: {', '.join(parts)}")
 
 
 def _short(value):
