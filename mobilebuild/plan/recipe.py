@@ -141,6 +141,8 @@ def _describe(error):
         return "expected exactly one model source: 'torchvision' or 'factory'"
     if kind == "not" and error.schema is schema()["properties"]["model"]:
         return "'checkpoint' and 'train' are exclusive: the weights come from one of them"
+    if kind == "oneOf" and error.schema is schema()["properties"]["input"]["properties"]["distribution"]:
+        return "expected {normal: {mean: M, std: S}} or {uniform: {low: L, high: H}}"
     if kind == "oneOf" and error.schema is schema()["properties"]["fuse"]:
         return "expected 'auto', false, or a list of module-name lists like [[conv, bn, relu]]"
     return error.message
@@ -281,6 +283,39 @@ def _resolve_quantize(quantize, file, root, where, problems, shape):
                 problems.append(exc)
 
 
+INTEGER_DTYPES = ("int64", "int32", "uint8")
+FLOAT_DTYPES = ("float32", "float16")
+
+
+def input_problems(spec, file, where):
+    """What the schema cannot say about an input: an integer one needs the range of its values (token ids must stay
+    below the vocabulary), a float one draws from a distribution, and neither takes the other's."""
+    def problem(field, message):
+        return MobileBuildError(message, file=file, field=f"{where}.{field}")
+
+    dtype, found = spec["dtype"], []
+    if "range" in spec:
+        low, high = spec["range"]
+        if dtype not in INTEGER_DTYPES:
+            found.append(problem("range", f"only integer inputs take a range of values; a {dtype} input takes a "
+                                          "distribution (or nothing: normal(0, 1))"))
+        elif low >= high:
+            found.append(problem("range", f"expected [low, high) with low < high, got [{low}, {high}]"))
+        elif dtype == "uint8" and not 0 <= low < high <= 256:
+            found.append(problem("range", f"uint8 values lie in [0, 256), got [{low}, {high})"))
+    elif dtype in ("int64", "int32"):
+        found.append(problem("range", f"an {dtype} input needs the range its values are drawn from, [low, high) with "
+                                      "high excluded (token ids: [0, vocabulary size))"))
+    distribution = spec.get("distribution")
+    if distribution is not None and dtype not in FLOAT_DTYPES:
+        found.append(problem("distribution", f"only float inputs take a distribution; a {dtype} input takes a range"))
+    uniform = (distribution or {}).get("uniform")
+    if uniform and not uniform.get("low", 0.0) < uniform.get("high", 1.0):
+        found.append(problem("distribution.uniform", f"expected low < high, got low {uniform.get('low', 0.0)} and "
+                                                     f"high {uniform.get('high', 1.0)}"))
+    return found
+
+
 def _prune_with_defaults(prune):
     if prune is False:
         return False
@@ -322,6 +357,7 @@ def load(path, root, cache=None):
             model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
         except MobileBuildError as exc:
             problems.append(exc)
+    problems += input_problems(data["input"], file, "input")
     _resolve_quantize(data["quantize"], file, root, "quantize", problems, data["input"]["shape"])
     recipe_prune = _prune_with_defaults(data["prune"])
 

@@ -72,9 +72,17 @@ def run(inputs, config, output):
         json.dump(result, handle, indent=2, sort_keys=True)
 
 
+# speed_benchmark_torch's --input_type values (binaries/speed_benchmark_torch.cc: tensors of ones of these types)
+SPEED_BENCHMARK_TYPES = {"float32": "float", "uint8": "uint8_t", "int64": "int64"}
+
+
 def on_device(artifact, config):
-    settings = config.device
+    settings, dtype = config.device, config.input["dtype"]
+    if dtype not in SPEED_BENCHMARK_TYPES and not settings["use_bundled_input"]:
+        return {"status": "skipped", "reason": f"speed_benchmark_torch makes {', '.join(SPEED_BENCHMARK_TYPES)} "
+                                               f"inputs only, not {dtype}: set benchmark.device.use_bundled_input"}
     return device.benchmark_on_device(
-        artifact, serial=settings["serial"], input_dims=config.input["shape"], warmup=config.timing["warmup"],
+        artifact, serial=settings["serial"], input_dims=config.input["shape"],
+        input_type=SPEED_BENCHMARK_TYPES.get(dtype, "float"), warmup=config.timing["warmup"],
         iters=config.timing["iters"], threads=config.timing["threads"],
         use_bundled_input=settings["use_bundled_input"], binary=settings["binary"])

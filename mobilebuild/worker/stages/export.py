@@ -131,8 +131,9 @@ class _CalibrationReader:
     """calibration.batches as ONNX Runtime's CalibrationDataReader; a batch the exported model cannot take (its input
     shape is fixed) is the calibration setting's fault."""
 
-    def __init__(self, batches, shape, field):
-        self.batches, self.shape, self.field, self.seen = iter(batches), list(shape), field, 0
+    def __init__(self, batches, input_config, field):
+        self.batches, self.shape, self.field, self.seen = iter(batches), list(input_config["shape"]), field, 0
+        self.dtype = modeling.DTYPES[input_config["dtype"]]
 
     def get_next(self):
         batch = next(self.batches, None)
@@ -144,7 +145,7 @@ class _CalibrationReader:
             raise MobileBuildError(f"a calibration batch has shape {calibration.shape_of(batch)}; the exported model "
                                    f"takes one input of shape {self.shape}", field=self.field)
         self.seen += 1
-        return {INPUT_NAME: batch.detach().to(torch.float32).contiguous().numpy()}
+        return {INPUT_NAME: batch.detach().to(self.dtype).contiguous().numpy()}
 
 
 def quantize_int8(proto, settings, input_config, weights=None):
@@ -155,7 +156,7 @@ def quantize_int8(proto, settings, input_config, weights=None):
     if not settings:
         raise MobileBuildError("int8 ONNX export needs calibration batches", field="quantize.calibration")
     field = calibration.field(settings)
-    reader = _CalibrationReader(calibration.batches(settings, input_config), input_config["shape"], field)
+    reader = _CalibrationReader(calibration.batches(settings, input_config), input_config, field)
     with tempfile.TemporaryDirectory(prefix="mobilebuild-onnx-") as folder:
         prepared, quantized = Path(folder) / "prepared.onnx", Path(folder) / "quantized.onnx"
         quant_pre_process(proto, prepared, skip_optimization=True, skip_symbolic_shape=True)

@@ -11,7 +11,8 @@ import torch
 
 from mobilebuild.errors import MobileBuildError
 
-DTYPES = {"float32": torch.float32}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "int32": torch.int32,
+          "bool": torch.bool, "uint8": torch.uint8}
 
 
 def first_line(exc):
@@ -110,14 +111,38 @@ def restore_model(source, state_path):
 
 
 def example_input(input_config, seed=0, batch=None):
+    """Seeded example data of the input's shape and dtype: floats from its distribution (normal(0, 1) unless the
+    recipe says otherwise), integers from its range [low, high), booleans at random."""
     shape = list(input_config["shape"])
     if batch is not None:
         shape[0] = batch
     generator = torch.Generator().manual_seed(seed)
-    tensor = torch.randn(shape, generator=generator, dtype=DTYPES[input_config["dtype"]])
+    dtype = DTYPES[input_config["dtype"]]
+    if dtype.is_floating_point:
+        tensor = _float_values(shape, generator, dtype, input_config.get("distribution"))
+    elif dtype == torch.bool:
+        tensor = torch.randint(0, 2, shape, generator=generator).bool()
+    else:
+        low, high = value_range(input_config)
+        tensor = torch.randint(low, high, shape, generator=generator, dtype=dtype)
     if input_config["memory_format"] == "channels_last" and tensor.dim() == 4:
         tensor = tensor.contiguous(memory_format=torch.channels_last)
     return tensor
+
+
+def _float_values(shape, generator, dtype, distribution):
+    if distribution is None:  # the default, drawn exactly as before distributions existed: artifacts keep their bytes
+        return torch.randn(shape, generator=generator, dtype=dtype)
+    if "uniform" in distribution:
+        low, high = distribution["uniform"].get("low", 0.0), distribution["uniform"].get("high", 1.0)
+        return torch.rand(shape, generator=generator, dtype=dtype) * (high - low) + low
+    normal = distribution["normal"]
+    return torch.randn(shape, generator=generator, dtype=dtype) * normal.get("std", 1.0) + normal.get("mean", 0.0)
+
+
+def value_range(input_config):
+    """[low, high) of an integer input: the recipe's range; a byte's own for uint8."""
+    return tuple(input_config.get("range") or (0, 256))
 
 
 def load_state_dict_file(path, field):

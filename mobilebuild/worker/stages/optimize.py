@@ -38,6 +38,17 @@ def check_gpu_export(backend):
             field="targets")
 
 
+def bundled_input(input_config):
+    """A compact bundled input (the shape only; values drawn when the app inflates it): normal floats, or integers
+    from the input's range (token ids must stay below the vocabulary)."""
+    dtype = modeling.DTYPES[input_config["dtype"]]
+    if dtype.is_floating_point:
+        return torch.utils.bundled_inputs.bundle_randn(*input_config["shape"], dtype=dtype)
+    low, high = (0, 2) if dtype == torch.bool else modeling.value_range(input_config)
+    stub = torch.zeros(1, dtype=dtype).expand(*input_config["shape"])
+    return torch.utils.bundled_inputs.InflatableArg(value=stub, fmt=f"torch.randint_like({{}}, {low}, {high})")
+
+
 def optimize(scripted, options, script_mode, input_config, backend="CPU"):
     blocklist = blocklist_for(options, script_mode, scripted)
     missing = [m for m in options["preserved_methods"] if not hasattr(scripted, m)]
@@ -47,8 +58,7 @@ def optimize(scripted, options, script_mode, input_config, backend="CPU"):
     optimized = optimize_for_mobile(scripted, optimization_blocklist=blocklist,
                                     preserved_methods=list(options["preserved_methods"]), backend=backend)
     if options["bundled_inputs"]:
-        bundled = torch.utils.bundled_inputs.bundle_randn(*input_config["shape"],
-                                                          dtype=modeling.DTYPES[input_config["dtype"]])
+        bundled = bundled_input(input_config)
         torch.utils.bundled_inputs.augment_model_with_bundled_inputs(optimized, [(bundled,)])
     return optimized
 

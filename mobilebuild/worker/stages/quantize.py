@@ -64,8 +64,14 @@ def _with_stubs(model, input_config=None):
     if any(isinstance(m, tq.QuantStub) for m in model.modules()):
         return model
     if input_config is not None:
+        example = modeling.example_input(input_config)
+        if not example.is_floating_point():
+            raise MobileBuildError(f"eager static quantization puts a quantizer on the model's input, and this one "
+                                   f"takes {input_config['dtype']} values (input.dtype): use quantize.mode: dynamic, "
+                                   "which quantizes Linear and recurrent weights and leaves the input alone",
+                                   field="quantize.mode")
         with torch.no_grad():
-            if not isinstance(model(modeling.example_input(input_config)), torch.Tensor):
+            if not isinstance(model(example), torch.Tensor):
                 return DequantizedOutputs(model)
     return tq.QuantWrapper(model)
 
