@@ -200,6 +200,7 @@ class Model:
         batch_norms, self.notes = unfolded_batch_norms(self.fused, self.input)
         self.findings += batch_norms
         self._quantized = {}
+        self.quantization_notes = {}  # (engine, mode, weights) -> how the quantize stage will go about it
 
     def float_copy(self):
         return copy.deepcopy(self.fused)
@@ -213,8 +214,9 @@ class Model:
             if settings["mode"] == "dynamic":
                 self._quantized[key] = quantize.dynamic(model, engine, settings.get("weights"))
             else:  # QAT converts to the same quantized modules as static quantization
-                self._quantized[key] = quantize.static(model, engine, [modeling.example_input(self.input)],
-                                                       settings.get("weights"), input_config=self.input)
+                self._quantized[key], self.quantization_notes[key] = quantize.static_any(
+                    model, engine, lambda: [modeling.example_input(self.input)], settings.get("weights"),
+                    "quantize.calibration", self.input)
         return copy.deepcopy(self._quantized[key])
 
 

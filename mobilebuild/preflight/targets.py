@@ -93,11 +93,16 @@ class TargetCheck:
             return
         if self.interpreter:
             self.notes.append("quantized kernels checked with this interpreter's torch, not the target's toolchain")
+        settings = self.target.quantize
         try:
-            quantized = self.model.quantized(engine, self.target.quantize)
+            quantized = self.model.quantized(engine, settings)
             quantize.check_runs(quantized, self.model.input, engine, field="model")
         except MobileBuildError as exc:
             self.add("unsupported-op", exc.message, f"int8 ({engine})")
+            return
+        note = self.model.quantization_notes.get((engine, settings["mode"], settings.get("weights")))
+        if note:
+            self.notes.append(note)
 
     # NNAPI: torch.backends._nnapi, traced NHWC
 

@@ -82,3 +82,18 @@ def shape_of(batch):
     if isinstance(batch, (tuple, list)):
         return [shape_of(item) for item in batch]
     return list(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__
+
+
+def calibrate(model, batches, field):
+    """Run the batches through a model with observers; `field` is the recipe setting they come from."""
+    seen = 0
+    with torch.no_grad():
+        for batch in batches:
+            try:
+                model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+            except Exception as exc:  # batches of the wrong shape or type, from the user's calibration function
+                raise MobileBuildError(f"the model rejects a calibration batch of shape {shape_of(batch)}: "
+                                       f"{modeling.first_line(exc)}", field=field) from None
+            seen += 1
+    if not seen:
+        raise MobileBuildError("calibration produced no batches", field=field)

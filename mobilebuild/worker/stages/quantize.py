@@ -3,6 +3,7 @@ recipe, step 2) calibrated on random, image-folder or user-supplied batches; dyn
 conversion of a quantization-aware-trained checkpoint."""
 
 import contextlib
+import copy
 import warnings
 
 import torch
@@ -12,8 +13,9 @@ from torch.ao import quantization as tq
 from torch.overrides import TorchFunctionMode
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker.stages import calibration, fuse, modeling
+from mobilebuild.worker.stages import calibration, fuse, fx_quantize, modeling
 
+GRAPH_MODE = "graph_mode"  # marks a stored state_dict of an FX graph-mode model
 # Linear-ReLU too: the fuse stage has usually fused them, and a fused one is no longer an nn.Linear.
 DYNAMIC_TYPES = (nn.Linear, nni.LinearReLU, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
 
@@ -99,19 +101,36 @@ def static(model, engine, batches, weights=None, field="quantize.calibration", i
     """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from, `input_config` the
     example input that shows the model's output structure."""
     model = prepared(model, engine, qconfig_for(engine, weights), input_config)
-    seen = 0
-    with torch.no_grad():
-        for batch in batches:
-            try:
-                model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
-            except Exception as exc:  # batches of the wrong shape or type, from the user's calibration function
-                raise MobileBuildError(f"the model rejects a calibration batch of shape "
-                                       f"{calibration.shape_of(batch)}: {modeling.first_line(exc)}",
-                                       field=field) from None
-            seen += 1
-    if not seen:
-        raise MobileBuildError("calibration produced no batches", field=field)
+    calibration.calibrate(model, batches, field)
     return tq.convert(model, inplace=True)
+
+
+def has_own_stubs(model):
+    """A model with a QuantStub of its own was written for eager-mode quantization."""
+    return any(isinstance(m, tq.QuantStub) for m in model.modules())
+
+
+def static_any(model, engine, make_batches, weights, field, input_config, source_field="model"):
+    """(quantized model, note): eager mode, as the performance recipe does, or where eager mode cannot quantize a
+    model not written for it (`x + y`, SiLU, layer norm on quantized tensors: an operation without a quantized
+    kernel), FX graph mode; the note says so, and which operations stay float. `make_batches()` gives the
+    calibration batches afresh: eager mode may have used them up."""
+    written_for_eager = has_own_stubs(model)
+    eager = static(model if written_for_eager else copy.deepcopy(model), engine, make_batches(), weights, field,
+                   input_config)
+    try:
+        check_runs(eager, input_config, engine, field=source_field)
+        return eager, None
+    except MobileBuildError as eager_failure:
+        if written_for_eager:
+            raise
+        reason = eager_failure.message.split(": an operation")[0].removeprefix("the quantized model fails on the ")
+    quantized = fx_quantize.static(model, engine, make_batches(), input_config, qconfig_for(engine, weights), field)
+    check_runs(quantized, input_config, engine, field=source_field)
+    kept = fx_quantize.kept_float(quantized)
+    floats = ", ".join(f"{name} x{count}" for name, count in sorted(kept.items())) or "none"
+    return quantized, f"eager mode cannot quantize it (fails on the {reason}): quantized in FX graph mode; " \
+                      f"operations kept float: {floats}"
 
 
 def dynamic(model, engine, weights=None):
@@ -131,6 +150,11 @@ def load_quantized(fused_path, state_path, engine, quantization, input_config=No
     """Quantized eager modules do not survive pickling, so the quantize stage stores a state_dict; the module
     structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it."""
     fused = modeling.load_module(fused_path)
+    saved = torch.load(state_path, map_location="cpu", weights_only=False)
+    if isinstance(saved, dict) and saved.get(GRAPH_MODE) == "fx":
+        model = fx_quantize.rebuild(fused, engine, input_config, qconfig_for(engine, quantization["weights"]))
+        model.load_state_dict(saved["state_dict"])
+        return model.eval()
     if quantization["mode"] == "dynamic":
         model = dynamic(fused, engine, quantization["weights"])
     else:  # static and QAT both convert to the same quantized modules
@@ -141,7 +165,7 @@ def load_quantized(fused_path, state_path, engine, quantization, input_config=No
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # converting uncalibrated observers warns
             model = tq.convert(prepared(fused, engine, skeleton, input_config), inplace=True)
-    model.load_state_dict(torch.load(state_path, map_location="cpu", weights_only=False))
+    model.load_state_dict(saved)
     return model.eval()
 
 
@@ -196,14 +220,20 @@ def check_runs(model, input_config, engine, field):
 
 def run(inputs, config, output):
     engine, weights = config.engine, config.weights
+    source_field = "model.factory" if "factory" in config.model else "model.torchvision"
+    note = None
     if config.mode == "static":
-        batches = calibration.batches(config.calibration, config.input)
-        quantized = static(modeling.load_module(inputs["model"]), engine, batches, weights,
-                           field=calibration.field(config.calibration), input_config=config.input)
+        quantized, note = static_any(modeling.load_module(inputs["model"]), engine,
+                                     lambda: calibration.batches(config.calibration, config.input), weights,
+                                     calibration.field(config.calibration), config.input, source_field)
     elif config.mode == "dynamic":
         quantized = dynamic(modeling.load_module(inputs["model"]), engine, weights)
     else:
         quantized = from_qat(config.model, inputs["trained"], engine, config.fuse, weights)
-    source_field = "model.factory" if "factory" in config.model else "model.torchvision"
-    check_runs(quantized, config.input, engine, field=source_field)
-    modeling.save(quantized.state_dict(), output)
+    if config.mode != "static":  # static_any has run it
+        check_runs(quantized, config.input, engine, field=source_field)
+    state = quantized.state_dict()
+    if note:
+        print(f"   {note}")
+        state = {GRAPH_MODE: "fx", "state_dict": state}  # load_quantized rebuilds it with FX, not eager mode
+    modeling.save(state, output)

@@ -1,0 +1,119 @@
+"""int8 for models not written for eager-mode quantization: where eager mode has no kernel for an operation (`+`,
+SiLU, `*`), the quantize stage quantizes in FX graph mode, says so and which operations stay float; the stored
+model is rebuilt exactly by the stages after it."""
+
+import json
+import textwrap
+
+import pytest
+import torch
+from conftest import tiny_recipe
+from torch import nn
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker.stages import calibration, fuse, modeling, quantize
+
+INPUT = {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
+
+RESIDUAL = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Residual(nn.Module):
+        """`+` and Hardswish without FloatFunctional or stubs: what most models look like."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+            self.act = nn.Hardswish()
+            self.skip = nn.Conv2d(3, 8, 1)
+            self.head = nn.Linear(8 * 8 * 8, 4)
+
+        def forward(self, x):
+            return self.head(torch.flatten(self.act(self.bn(self.conv(x))) + self.skip(x), 1))
+
+
+    def make():
+        return Residual()
+''')
+
+
+@pytest.fixture
+def residual(tmp_path, monkeypatch):
+    """The fused model, from a module of its own (the fused model is pickled, as the fuse stage stores it)."""
+    (tmp_path / "residual_model.py").write_text(RESIDUAL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def make():
+        import residual_model
+
+        torch.manual_seed(0)
+        return fuse.fuse(residual_model.make().eval(), "auto")[0]
+
+    return make
+
+
+def batches():
+    return calibration.batches(CALIBRATION, INPUT)
+
+
+def test_eager_mode_failing_falls_back_to_fx_graph_mode_and_the_stored_model_is_rebuilt(tmp_path, residual):
+    model = residual()
+    modeling.save_module(model, tmp_path / "fused.pt")
+    quantized, note = quantize.static_any(model, "qnnpack", batches, None, "quantize.calibration", INPUT)
+    assert isinstance(quantized, torch.fx.GraphModule)
+    assert note.startswith("eager mode cannot quantize it (fails on the qnnpack engine in Tensor.add")
+    assert note.endswith("quantized in FX graph mode; operations kept float: none")
+    modeling.save({quantize.GRAPH_MODE: "fx", "state_dict": quantized.state_dict()}, tmp_path / "quantized.pt")
+    rebuilt = quantize.load_quantized(tmp_path / "fused.pt", tmp_path / "quantized.pt", "qnnpack",
+                                      {"mode": "static", "weights": None}, INPUT)
+    example = modeling.example_input(INPUT, seed=5)
+    with torch.no_grad():
+        assert torch.equal(quantized(example), rebuilt(example))
+        reference = residual()(example)
+    assert 10 * torch.log10(reference.pow(2).mean() / (reference - rebuilt(example)).pow(2).mean()) > 15
+
+
+def test_a_model_written_for_eager_mode_keeps_its_error():
+    """A model with stubs of its own chose eager mode: its missing FloatFunctional is its author's to fix."""
+    class Stubbed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant, self.dequant = torch.ao.quantization.QuantStub(), torch.ao.quantization.DeQuantStub()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+        def forward(self, x):
+            x = self.quant(x)
+            return self.dequant(self.conv(x) + x)
+
+    with pytest.raises(MobileBuildError, match="in Tensor.add .*use torch.ao.nn.quantized.FloatFunctional"):
+        quantize.static_any(Stubbed().eval(), "qnnpack", batches, None, "quantize.calibration", INPUT)
+
+
+def test_what_stays_float_is_named():
+    class WithSilu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.act = nn.SiLU()
+
+        def forward(self, x):
+            return self.act(self.conv(x))
+
+    _, note = quantize.static_any(WithSilu().eval(), "qnnpack", batches, None, "quantize.calibration", INPUT)
+    assert note.endswith("operations kept float: SiLU x1")
+
+
+@pytest.mark.slow
+def test_a_model_without_stubs_builds_and_verifies_int8_on_qnnpack(project):
+    (project.root / "residual.py").write_text(RESIDUAL)
+    project.write_recipe(tiny_recipe(model={"factory": "residual:make", "seed": 0, "batchnorm_stats": 2},
+                                     quantize={"calibration": CALIBRATION}, targets=[{"backend": "qnnpack"}]))
+    result = project.run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "quantized in FX graph mode" in result.stdout
+    verification = json.loads(project.artifact("tiny/verify-qnnpack.json").read_text())
+    assert verification["status"] == "passed" and verification["metrics"]["sqnr_db"] > 15
