@@ -97,3 +97,41 @@ def test_a_text_classifier_on_token_ids_builds_for_every_host_route(project):
         assert benchmark["status"] == "ran", (target, benchmark)
     manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
     assert {t["target"]: t["quantization"] for t in manifest["targets"]}["qnnpack"]["mode"] == "dynamic"
+
+
+def test_a_forward_with_optional_masks_gets_its_bundled_input():
+    """A Transformer encoder's forward takes masks after the input: they are bundled as None (it crashed)."""
+    layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True, dropout=0.0)
+    scripted = torch.jit.script(torch.nn.TransformerEncoder(layer, num_layers=1).eval())
+    options = {"blocklist": [], "preserved_methods": [], "bundled_inputs": True}
+    optimized = optimize.optimize(scripted, options, "script", spec("float32", shape=(1, 4, 8)))
+    (inputs,) = optimized.get_all_bundled_inputs()
+    assert list(inputs[0].shape) == [1, 4, 8] and inputs[1:] == (None, None, None)
+    assert optimized(*inputs).shape == (1, 4, 8)
+
+
+ENCODER = textwrap.dedent('''
+    from torch import nn
+
+
+    def make():
+        layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True, dropout=0.0)
+        return nn.TransformerEncoder(layer, num_layers=2)
+''')
+
+
+@pytest.mark.slow
+def test_a_transformer_encoder_builds_for_every_host_route(project):
+    """Eager Transformer layers take torch's fused attention fast path: exported, it was an operator ExecuTorch
+    lacks (a flood of native log lines, then "Missing operator"), and dynamic quantization failed in its checks."""
+    (project.root / "encoder.py").write_text(ENCODER)
+    targets = [{"backend": "xnnpack"}, {"backend": "qnnpack"},
+               {"backend": "xnnpack", "runtime": "executorch", "name": "et"}, {"backend": "onnx"}]
+    project.write_recipe(tiny_recipe(model={"factory": "encoder:make", "seed": 0}, input={"shape": [1, 16, 32]},
+                                     quantize={"mode": "dynamic"}, targets=targets))
+    result = project.run()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "operator_registry" not in result.stdout + result.stderr
+    for target in [t.get("name", t["backend"]) for t in targets]:
+        verification = json.loads(project.artifact(f"tiny/verify-{target}.json").read_text())
+        assert verification["status"] == "passed", (target, verification)

@@ -129,3 +129,24 @@ def _write_record(archive, original, data):
         padding = -(archive.fp.tell() + header) % ALIGNMENT
         info.extra = b"FB" + struct.pack("<H", padding) + b"Z" * padding
     archive.writestr(info, data)
+
+
+@contextlib.contextmanager
+def plain_attention():
+    """Without torch's fused attention fast path, which eager Transformer layers take in eval mode: torch.export
+    records it as aten::_transformer_encoder_layer_fwd, which ExecuTorch has no kernel for ("Missing operator"),
+    and its input checks fail on dynamically quantized Linear layers ("'function' object has no attribute
+    'device'"). A phone runs the plain operations either way."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+
+
+@contextlib.contextmanager
+def stage_session():
+    """What every stage runs in: a compilation unit of its own, and plain attention."""
+    with jit_session(), plain_attention():
+        yield

@@ -58,8 +58,14 @@ def optimize(scripted, options, script_mode, input_config, backend="CPU"):
     optimized = optimize_for_mobile(scripted, optimization_blocklist=blocklist,
                                     preserved_methods=list(options["preserved_methods"]), backend=backend)
     if options["bundled_inputs"]:
-        bundled = bundled_input(input_config)
-        torch.utils.bundled_inputs.augment_model_with_bundled_inputs(optimized, [(bundled,)])
+        # forward's optional parameters after the input (a Transformer's masks) are bundled as None
+        unset = (None,) * (len(optimized.forward.schema.arguments) - 2)
+        try:
+            torch.utils.bundled_inputs.augment_model_with_bundled_inputs(
+                optimized, [(bundled_input(input_config), *unset)])
+        except RuntimeError as exc:
+            raise MobileBuildError(f"the bundled input does not fit forward's parameters ({modeling.first_line(exc)})"
+                                   "; set optimize.bundled_inputs: false", field="optimize.bundled_inputs") from None
     return optimized
 
 
