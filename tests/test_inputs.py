@@ -97,6 +97,8 @@ def test_a_text_classifier_on_token_ids_builds_for_every_host_route(project):
         assert benchmark["status"] == "ran", (target, benchmark)
     manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
     assert {t["target"]: t["quantization"] for t in manifest["targets"]}["qnnpack"]["mode"] == "dynamic"
+    assert manifest["input"] == {"shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous"}
+    assert all(t["outputs"] == [{"name": "output", "shape": [1, 4], "dtype": "float32"}] for t in manifest["targets"])
 
 
 def test_a_forward_with_optional_masks_gets_its_bundled_input():

@@ -108,3 +108,4 @@ def test_every_output_is_verified_in_every_host_runtime(project, factory, script
         assert verification["metrics"] == verification["outputs"][verification["worst_output"]]
         floor = 15 if target == "qnnpack" else 40  # the recipe's int8 and fp32 thresholds
         assert all(found["sqnr_db"] > floor for found in verification["outputs"].values())
+        assert [output["name"] for output in verification["output_spec"]] == names

@@ -107,7 +107,7 @@ def recipe_nodes(recipe, root):
         settings=stages.ManifestConfig(
             recipe=recipe.name, recipe_file=recipe.file, recipe_sha256=recipe.sha256,
             artifacts=[{"stage": n.stage, "path": n.output, **n.describes} for n in artifacts],
-            targets=targets, checkpoint=checkpoint.output,
+            targets=targets, checkpoint=checkpoint.output, input=recipe.input,
             verification={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "verify"},
             benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "bench"}),
         inputs={n.task_name: n.output for n in artifacts + results}, output=f"{out}/manifest.json", **common)

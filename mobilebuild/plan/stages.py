@@ -146,6 +146,7 @@ class ManifestConfig:
     artifacts: list
     targets: list
     checkpoint: str
+    input: dict  # the input's spec: shape, dtype, memory format, and the values its example data had
     verification: dict  # target -> its verify result
     benchmarks: dict  # target -> its bench result
 

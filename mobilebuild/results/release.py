@@ -172,6 +172,8 @@ def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
         "recipe_sha256": manifest["recipe_sha256"],
         "target": target_id,
         **{key: target.get(key) for key in TARGET_KEYS},
+        "input": manifest.get("input"),  # with the outputs: all an app developer needs to feed and read it
+        "outputs": target.get("outputs"),
         "chain": chain,
         "toolchain": target.get("toolchain", manifest["toolchain"]),
         "verification": _summary(manifest.get("verification", {}).get(target_id), VERIFICATION_KEYS),

@@ -26,3 +26,9 @@ def leaves(output, prefix=""):
     for key, value in items:
         found += leaves(value, f"{prefix}.{key}" if prefix else str(key))
     return found
+
+
+def describe(output):
+    """[{name, shape, dtype}] of each output tensor: what an app developer needs to read the model's results."""
+    return [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+            for name, value in leaves(output)]

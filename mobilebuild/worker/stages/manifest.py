@@ -39,7 +39,8 @@ def read_result(path, subject):
 def _target(target, verification):
     described = {key: value for key, value in target.items() if key != "interpreter"}  # a path of this machine's
     described.update(path=relative(target["path"]), bytes=os.path.getsize(target["path"]),
-                     status=(verification or {}).get("status", "not verified"))
+                     status=(verification or {}).get("status", "not verified"),
+                     outputs=(verification or {}).get("output_spec"))
     if target["interpreter"]:  # built by another interpreter (`toolchain:`): its versions, not this one's
         described["toolchain"] = toolchain.versions(target["interpreter"])
     return described
@@ -54,6 +55,7 @@ def run(inputs, config, output):
         "recipe": config.recipe,
         "recipe_file": config.recipe_file,
         "recipe_sha256": config.recipe_sha256,
+        "input": config.input,
         "toolchain": toolchain.versions(),
         "artifacts": [describe(entry) for entry in config.artifacts],
         "targets": [_target(t, verification[t["target"]]) for t in config.targets],

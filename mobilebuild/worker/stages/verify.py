@@ -75,9 +75,11 @@ def run(inputs, config, output):
     facts = runtimes.inspect(inputs["artifact"], config)
     if facts is not None:
         result["artifact"] = facts
+    reference = modeling.restore_model(config.model, inputs["checkpoint"])
+    with torch.no_grad():
+        result["output_spec"] = outputs.describe(reference(modeling.example_input(config.input)))
     if config.runs_on_host:
         data, labels, description = evaluation_data(config)
-        reference = modeling.restore_model(config.model, inputs["checkpoint"])
         artifact = runtimes.load(inputs["artifact"], config)
         found, samples = verify(artifact, reference, config, data, labels)
         missed = [f"{name}: {line}" if len(found) > 1 else line
