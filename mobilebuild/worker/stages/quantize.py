@@ -60,10 +60,15 @@ def _map_tensors(function, value):
     return value
 
 
+def has_own_stubs(model):
+    """A model with a QuantStub of its own was written for eager-mode quantization."""
+    return any(isinstance(m, tq.QuantStub) for m in model.modules())
+
+
 def _with_stubs(model, input_config=None):
     """The model with a float interface around a quantized core (the NNAPI post's "core" mode), unless it has stubs
     of its own. A model that returns several tensors (seen on the example input) gets each one dequantized."""
-    if any(isinstance(m, tq.QuantStub) for m in model.modules()):
+    if has_own_stubs(model):
         return model
     if input_config is not None:
         example = modeling.example_input(input_config)
@@ -103,11 +108,6 @@ def static(model, engine, batches, weights=None, field="quantize.calibration", i
     model = prepared(model, engine, qconfig_for(engine, weights), input_config)
     calibration.calibrate(model, batches, field)
     return tq.convert(model, inplace=True)
-
-
-def has_own_stubs(model):
-    """A model with a QuantStub of its own was written for eager-mode quantization."""
-    return any(isinstance(m, tq.QuantStub) for m in model.modules())
 
 
 def static_any(model, engine, make_batches, weights, field, input_config, source_field="model"):
