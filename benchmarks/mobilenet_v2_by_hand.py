@@ -73,8 +73,8 @@ def main(out):
         return time.perf_counter()
 
     now = time.perf_counter()
-    # mobilebuild's stages compute with one thread (worker.py: batch-norm statistics round with the thread count);
-    # so must this script, or its outputs would differ
+    # mobilebuild's stages compute with one thread (build/worker_pool.py: batch-norm statistics round with the
+    # thread count); so must this script, or its outputs would differ
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
     model = torchvision.models.quantization.mobilenet_v2(weights=None, quantize=False).eval()

@@ -56,8 +56,8 @@ DOIT_CONFIG = {
     # One broken model, or one artifact failing verification, must not stop the rest of a monorepo's build; it
     # also lets the manifests and the report record the failure. The exit status is still non-zero.
     "continue": True,
-    # sqlite reads each task's state when asked, so a build that waited for the build lock (reporter.py) sees what
-    # the build before it recorded; dbm and json load the whole file when doit starts. It also survives two
+    # sqlite reads each task's state when asked, so a build that waited for the build lock (build/doit_reporters.py)
+    # sees what the build before it recorded; dbm and json load the whole file when doit starts. It also survives two
     # writers, which dbm.dumb (the dbm found here) does not.
     "backend": "sqlite3",
 }

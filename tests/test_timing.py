@@ -43,7 +43,7 @@ def test_peak_memory_is_the_models_not_the_builds(tmp_path):
 
 
 def test_the_recipes_threads_hold_in_a_build_that_computes_with_one(tmp_path):
-    """Stage workers run with OMP_NUM_THREADS=1 (worker.py); the measurement uses the recipe's count."""
+    """Stage workers run with OMP_NUM_THREADS=1 (build/worker_pool.py); the measurement uses the recipe's count."""
     path = lite_model(tmp_path / "model.ptl", 4)
     for threads in (2, 1):
         output = tmp_path / f"bench-{threads}.json"

@@ -2,10 +2,10 @@
 
 Files travel through the shared artifact cache (cache.py), so workers need no shared disk: the build publishes a
 node's input files there under their sha256, the worker fetches them into a scratch folder laid out like the
-repository, runs the stage in its own stage worker (worker.py: the same reproducible process as a local build), and
-publishes the output under the node's cache key, which the build then fetches. A user error comes back as the same
-reply a local stage worker gives; a worker lost mid-task is Dask's to re-run elsewhere, and since an entry is
-published only once complete, nothing half-built is ever fetched.
+repository, runs the stage in its own stage worker (build/worker_pool.py: the same reproducible process as a local
+build), and publishes the output under the node's cache key, which the build then fetches. A user error comes back
+as the same reply a local stage worker gives; a worker lost mid-task is Dask's to re-run elsewhere, and since an entry
+is published only once complete, nothing half-built is ever fetched.
 
 No dask import until a build asks for it: the task layer must stay fast.
 """

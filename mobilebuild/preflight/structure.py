@@ -222,7 +222,7 @@ class Model:
 
 @contextlib.contextmanager
 def _importable(root):
-    """Recipe factories name modules of the repository (as execute_stage puts it on the path)."""
+    """Recipe factories name modules of the repository (as the stage worker, worker/serve.py, puts it on the path)."""
     entry = str(Path(root).resolve())
     added = entry not in sys.path
     if added:

@@ -8,7 +8,7 @@ TorchScript archives differ between two builds of the same model for three reaso
 - every archive carries a random `.data/serialization_id`: `normalize_archive` replaces it with one derived from
   the archive's content.
 A fourth, the order of a module's constants, follows Python's string hashing: stages run in a worker started with
-PYTHONHASHSEED=0 (worker.py).
+PYTHONHASHSEED=0 (build/worker_pool.py).
 """
 
 import contextlib

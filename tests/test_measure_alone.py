@@ -1,4 +1,4 @@
-"""host_lock: a measurement waits for the stages running on the host, and stages wait for a measurement. Real
+"""measure_alone: a measurement waits for the stages running on the host, and stages wait for a measurement. Real
 flock locks, held by real processes."""
 
 import multiprocessing
