@@ -137,12 +137,9 @@ def _tasks(stage):
 def _stage_group(stage):
     """doit's task group for a stage: `doit <stage>` builds every node of it, `<stage>:<name>` one."""
     def group():
-        yield from _tasks(stage.name)
-
-    if stage.name == "verify":  # `doit verify` fails for a failed verification, through the `verified` gates
-        def group():
+        if stage.name == "verify":  # `doit verify` fails for a failed verification, through the `verified` gates
             yield {"name": None, "task_dep": ["verified"], "doc": stage.doc}
-            yield from _tasks("verify")
+        yield from _tasks(stage.name)
 
     group.__name__ = f"task_{stage.name}"
     group.__doc__ = stage.doc

@@ -11,6 +11,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mobilebuild.plan import routes
 from mobilebuild.plan.registry import Registry
 
 FILE = "file"  # an input that is a file of the repository (a checkpoint), not a node's output
@@ -188,8 +189,6 @@ class Stage:
 
     def check_inputs(self, inputs):
         """`inputs`: role -> (the stage that made it, or FILE). A chain that breaks a contract is a bug of ours."""
-        from mobilebuild.plan import routes
-
         if self.inputs is None:
             return
         for role, source in inputs.items():

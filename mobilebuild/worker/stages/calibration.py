@@ -47,7 +47,7 @@ def _image_batches(calibration, input_config):
     from PIL import Image, UnidentifiedImageError
 
     shape = input_config["shape"]
-    if len(shape) != 4 or shape[1] not in (1, 3) or input_config["dtype"] not in ("float32", "float16"):
+    if len(shape) != 4 or shape[1] not in (1, 3) or not modeling.DTYPES[input_config["dtype"]].is_floating_point:
         raise MobileBuildError(f"image calibration needs a float input of shape [N, 1 or 3, H, W], got "
                                f"{input_config['dtype']} {shape}", field="quantize.calibration.source")
     files = sorted(p for p in Path(calibration["path"]).rglob("*") if p.is_file())
