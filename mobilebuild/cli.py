@@ -1,8 +1,9 @@
 """`mobilebuild`: the same doit tasks as `doit` in the repository root, plus commands that need no build.
 
-    mobilebuild build [--no-cache] [TASK...]
+    mobilebuild build [--no-cache | --cache-read-only] [TASK...]
                                          build, verify, benchmark and report (or the named tasks); doit options pass;
-                                         --no-cache neither reads nor fills the shared artifact cache
+                                         --no-cache neither reads nor fills the shared artifact cache,
+                                         --cache-read-only reads it and never writes to it
     mobilebuild build --dask ADDRESS|local [-n N] [TASK...]
                                          the same build with the stages run on Dask workers (a scheduler's address,
                                          or `local`: a LocalCluster of one worker process per core); files move
@@ -14,7 +15,8 @@
                                          rebuild from the recipes in a scratch folder; exit 1 listing each file that
                                          differs from the release
     mobilebuild cache stats|clear|prune --max-size SIZE
-                                         the shared artifact cache ($MOBILEBUILD_CACHE, default ~/.cache/mobilebuild)
+                                         the shared artifact cache ($MOBILEBUILD_CACHE, default ~/.cache/mobilebuild;
+                                         $MOBILEBUILD_CACHE_KEY signs entries, $MOBILEBUILD_CACHE_READ_ONLY=1)
     mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
     mobilebuild check RECIPE [--json] [--target ID]
                                          before any build: what each target cannot take of the model, and the
@@ -106,13 +108,17 @@ def cache_command(args):
     if url is None:
         print("the artifact cache is off (MOBILEBUILD_CACHE)")
         return 0
-    shared = cache.Cache(url)
-    if options.action == "prune":
-        if options.max_size is None:
-            parser.error("prune needs --max-size")
-        found = shared.prune(options.max_size)
-    else:
-        found = shared.stats() if options.action == "stats" else shared.clear()
+    if options.action == "prune" and options.max_size is None:
+        parser.error("prune needs --max-size")
+    try:
+        shared = cache.from_environment()
+        if options.action == "prune":
+            found = shared.prune(options.max_size)
+        else:
+            found = shared.stats() if options.action == "stats" else shared.clear()
+    except (OSError, ValueError, ImportError) as exc:  # unreachable storage, a missing fsspec driver, read-only
+        print(f"mobilebuild cache {options.action}: {str(exc).replace(url, cache.redact(url))}", file=sys.stderr)
+        return 1
     print(f"{shared.location}: " + ", ".join(f"{key} {value}" for key, value in found.items() if key != "location"))
     return 0
 
@@ -161,6 +167,9 @@ def main(argv=None):
     if "--no-cache" in args:
         args.remove("--no-cache")
         os.environ["MOBILEBUILD_CACHE"] = "off"  # the workers, Dask's too, inherit it
+    if "--cache-read-only" in args:
+        args.remove("--cache-read-only")
+        os.environ["MOBILEBUILD_CACHE_READ_ONLY"] = "1"
     if "--dask" in args[:-1]:
         at = args.index("--dask")
         address = args[at + 1]

@@ -320,3 +320,154 @@ def test_parse_size_refuses_what_is_not_a_size(text):
 def test_importing_the_cache_does_not_import_fsspec():
     code = "import sys, mobilebuild.build.cache; print('fsspec' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+# --- trust: what a writer can do to a reader ------------------------------------------------------------------------
+
+def forge(cache, key, data):
+    """What anyone who can write to the cache can do: replace a blob and record its hash and size."""
+    import hashlib
+
+    cache.fs.pipe_file(blob_path(cache, key), data)
+    entry = json.loads(cache.fs.cat_file(blob_path(cache, key, "entry.json")))
+    entry["files"]["artifact"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    cache.fs.pipe_file(blob_path(cache, key, "entry.json"), json.dumps(entry).encode())
+
+
+def signed(cache, key="team-secret", **options):
+    """The same storage, seen by a reader or writer with these settings."""
+    return cachemod.Cache(cache.url, signing_key=key, **options)
+
+
+def test_without_a_key_a_forged_entry_matches_its_hashes(cache, source, tmp_path):
+    """Why signing exists: the hashes are the writer's word."""
+    key = key_of("forged")
+    cache.store(key, {"artifact": source})
+    forge(cache, key, b"someone else's bytes")
+    assert cache.fetch(key, {"artifact": tmp_path / "out.pt"}) == {}
+    assert (tmp_path / "out.pt").read_bytes() == b"someone else's bytes"
+
+
+def test_signed_entries_are_fetched_by_readers_with_the_key_and_without_one(cache, source, tmp_path):
+    key = key_of("signed")
+    assert signed(cache).store(key, {"artifact": source}, {"seconds": 1.0}) is True
+    entry = json.loads(cache.fs.cat_file(blob_path(cache, key, "entry.json")))
+    assert len(entry["signature"]) == 64
+    assert signed(cache).fetch(key, {"artifact": tmp_path / "a.pt"}) == {"seconds": 1.0}
+    assert cache.fetch(key, {"artifact": tmp_path / "b.pt"}) == {"seconds": 1.0}
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes() == BLOB
+
+
+@pytest.mark.parametrize("case, reason", [("unsigned", "unsigned"), ("other key", "wrongly signed"),
+                                          ("forged", "wrongly signed"), ("forged meta", "wrongly signed")])
+def test_a_reader_with_a_key_never_uses_an_entry_it_cannot_verify(cache, source, tmp_path, case, reason):
+    key = key_of(case)
+    writer = {"unsigned": cache, "other key": signed(cache, "another team")}.get(case, signed(cache))
+    writer.store(key, {"artifact": source}, {"seconds": 1.0})
+    if case == "forged":
+        forge(cache, key, b"someone else's bytes")
+    if case == "forged meta":
+        entry = json.loads(cache.fs.cat_file(blob_path(cache, key, "entry.json")))
+        entry["meta"]["seconds"] = 2.0
+        cache.fs.pipe_file(blob_path(cache, key, "entry.json"), json.dumps(entry).encode())
+    destination = tmp_path / "out.pt"
+    destination.write_bytes(b"previous build")
+
+    with pytest.raises(cachemod.Untrusted, match=reason):
+        signed(cache).fetch(key, {"artifact": destination})
+
+    assert destination.read_bytes() == b"previous build"
+    assert not entry_exists(cache, key)  # removed, so the signing writer's rebuild takes its place
+    assert signed(cache).store(key, {"artifact": source}) is True
+    assert signed(cache).fetch(key, {"artifact": destination}) == {}
+
+
+def test_a_signing_writer_replaces_an_unsigned_entry_in_its_way(cache, source, tmp_path):
+    key = key_of("in the way")
+    cache.store(key, {"artifact": source})
+    assert signed(cache).store(key, {"artifact": source}) is True
+    assert signed(cache).store(key, {"artifact": source}) is False  # its own, signed entry stays
+    assert signed(cache).fetch(key, {"artifact": tmp_path / "out.pt"}) == {}
+
+
+def test_a_check_refusing_a_file_makes_the_entry_untrusted_and_leaves_nothing(cache, source, tmp_path):
+    key = key_of("checked")
+    cache.store(key, {"artifact": source})
+    seen = []
+
+    def refuse(name, path):
+        seen.append((name, path.read_bytes() == BLOB))
+        return "not what the stage makes"
+
+    with pytest.raises(cachemod.Untrusted, match="not what the stage makes"):
+        cache.fetch(key, {"artifact": tmp_path / "checkout" / "out.pt"}, check=refuse)
+    assert seen == [("artifact", True)]
+    assert list((tmp_path / "checkout").iterdir()) == []  # neither the destination nor a temporary
+    assert not entry_exists(cache, key)
+
+
+def test_a_blob_must_hash_to_its_key_whatever_entry_json_says(cache, source, tmp_path):
+    import hashlib
+
+    digest = hashlib.sha256(BLOB).hexdigest()
+    cache.store(digest, {"blob": source})
+    assert cache.fetch_blob(digest, tmp_path / "good") and (tmp_path / "good").read_bytes() == BLOB
+    cache.fs.pipe_file(blob_path(cache, digest, "blob"), b"import os")
+    entry = json.loads(cache.fs.cat_file(blob_path(cache, digest, "entry.json")))
+    entry["files"]["blob"] = {"sha256": hashlib.sha256(b"import os").hexdigest(), "bytes": 9}
+    cache.fs.pipe_file(blob_path(cache, digest, "entry.json"), json.dumps(entry).encode())
+
+    with pytest.raises(cachemod.Untrusted, match="content differs from its key"):
+        cache.fetch_blob(digest, tmp_path / "bad.py")
+    assert not (tmp_path / "bad.py").exists()
+    assert cache.fetch_blob(digest, tmp_path / "again") is False  # removed
+
+
+def test_a_read_only_cache_reads_and_never_writes(cache, source, tmp_path):
+    key, damaged = key_of("read"), key_of("damaged")
+    cache.store(key, {"artifact": source})
+    cache.store(damaged, {"artifact": source})
+    flip_a_byte(cache, damaged)
+    reader = cachemod.Cache(cache.url, read_only=True)
+    listing = sorted(cache.fs.find(cache.root))
+
+    assert reader.fetch(key, {"artifact": tmp_path / "out.pt"}) == {}
+    assert reader.fetch(damaged, {"artifact": tmp_path / "damaged.pt"}) is None
+    assert reader.store(key_of("new"), {"artifact": source}) is False
+    for action in (lambda: reader.prune(0), reader.clear):
+        with pytest.raises(PermissionError, match="read-only here"):
+            action()
+
+    assert sorted(cache.fs.find(cache.root)) == listing  # no new entry, no `used` time, the damaged one left alone
+
+
+def test_from_environment_reads_the_key_and_the_read_only_setting(tmp_path):
+    environ = {"MOBILEBUILD_CACHE": str(tmp_path / "c"), "MOBILEBUILD_CACHE_KEY": "k",
+               "MOBILEBUILD_CACHE_READ_ONLY": "1"}
+    shared = cachemod.from_environment(environ)
+    assert shared.signing_key == b"k" and shared.read_only
+    plain = cachemod.from_environment({"MOBILEBUILD_CACHE": str(tmp_path / "c")})
+    assert plain.signing_key is None and not plain.read_only
+    assert cachemod.from_environment({"MOBILEBUILD_CACHE": "off"}) is None
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/mobilebuild", "s3://***@bucket/mobilebuild"),
+    ("https://user:hunter2@cache.example.com/mb", "https://***@cache.example.com/mb"),
+    ("https://acct.blob.core.windows.net/c/mb?sv=2022&sig=abc%2Fdef",
+     "https://acct.blob.core.windows.net/c/mb?sv=***&sig=***"),
+    ("gs://bucket/mobilebuild", "gs://bucket/mobilebuild"),
+    ("/home/me/.cache/mobilebuild", "/home/me/.cache/mobilebuild"),
+])
+def test_a_url_is_shown_without_its_credentials(url, shown):
+    assert cachemod.redact(url) == shown
+
+
+def test_cache_stats_never_prints_credentials(tmp_path):
+    secret_url = "memory://AKIAEXAMPLE:hunter2@bucket/mobilebuild"
+    for action in ("stats", "clear"):
+        result = subprocess.run([sys.executable, "-m", "mobilebuild.cli", "cache", action], capture_output=True,
+                                text=True, env={**os.environ, "MOBILEBUILD_CACHE": secret_url,
+                                                "MOBILEBUILD_CACHE_READ_ONLY": "1" if action == "clear" else ""})
+        assert "hunter2" not in result.stdout + result.stderr and "AKIAEXAMPLE" not in result.stdout + result.stderr
+        assert (result.returncode, action) in ((0, "stats"), (1, "clear")), result.stderr

@@ -86,6 +86,36 @@ def test_dask_without_the_cache_is_refused_in_one_line(cluster, tmp_path):
     assert not project.artifact("tiny/checkpoint.pt").exists()
 
 
+def test_on_dask_a_poisoned_cache_runs_nothing_on_the_build_or_the_workers(cluster, tmp_path):
+    from test_shared_cache import poison_every_entry
+
+    address, _ = cluster
+    shared = tmp_path / "c"
+    first, second = checkouts(tmp_path, "a", "b")
+    assert mobilebuild(first.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(shared)}).returncode == 0
+    marker = tmp_path / "the-payload-ran"
+    assert poison_every_entry(shared, first, marker, tmp_path)
+    # and the model's source, which a Dask build stores under its own sha256 for the workers to import
+    digest = hashlib.sha256((first.root / "tinynet.py").read_bytes()).hexdigest()
+    source = f"import os\nos.system('touch {marker}')\n".encode()
+    entry = shared / "v1" / digest[:2] / digest
+    (entry / "blob").write_bytes(source)
+    (entry / "entry.json").write_text(json.dumps({"files": {"blob": {
+        "sha256": hashlib.sha256(source).hexdigest(), "bytes": len(source)}}, "meta": {}, "created": 0}))
+
+    refused = mobilebuild(second.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(shared)})
+    again = mobilebuild(second.root, "build", "--dask", address, env={"MOBILEBUILD_CACHE": str(shared)})
+
+    assert not marker.exists()
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    (error,) = [line for line in refused.stderr.splitlines() if line.startswith("ERROR")]
+    assert error.startswith("ERROR: checkpoint:tiny: ")
+    assert error.endswith(f"tinynet.py: its entry {digest[:16]} in the artifact cache at {shared} was refused "
+                          "(content differs from its key) and removed; run the build again")
+    assert again.returncode == 0, again.stderr
+    assert digests(second) == digests(first)
+
+
 def dies_on_first_attempt(marker, *args):
     """A Dask task whose worker process dies the first time it runs it, mid-task."""
     if not os.path.exists(marker):

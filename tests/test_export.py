@@ -83,21 +83,22 @@ def make(factory, seed=0):
 MODELS = {"conv_bn_relu_linear": ConvBnReluLinear, "residual": Residual}
 
 
-def config(precision, calibration=CALIBRATION, weights=None, opset=None):
+def config(precision, rebuild, calibration=CALIBRATION, weights=None, opset=None):
     return ExportConfig(precision=precision, calibration=calibration, weights=weights, input=INPUT,
-                        options={"opset": opset})
+                        options={"opset": opset}, **rebuild)
 
 
 def fused_file(model, folder):
+    """The fused model as the fuse stage stores it, with the config fields that rebuild it."""
     path = Path(folder) / "fused.pt"
     fused, _ = fuse.fuse(model, "auto")
-    modeling.save_module(fused, path)
-    return path
+    return path, tiny_models.stored_fused(fused, path)
 
 
 def export_to(fused, folder, **settings):
+    path, rebuild = fused
     output = Path(folder) / f"{settings.get('precision', 'fp32')}.onnx"
-    export.run({"model": fused}, config(**{"precision": "fp32", **settings}), output)
+    export.run({"model": path}, config(**{"precision": "fp32", **settings}, rebuild=rebuild), output)
     return output
 
 

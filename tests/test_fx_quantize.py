@@ -4,10 +4,12 @@ model is rebuilt exactly by the stages after it."""
 
 import json
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import tiny_recipe
+from tiny_models import stored_fused
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
@@ -43,7 +45,7 @@ RESIDUAL = textwrap.dedent('''
 
 @pytest.fixture
 def residual(tmp_path, monkeypatch):
-    """The fused model, from a module of its own (the fused model is pickled, as the fuse stage stores it)."""
+    """The fused model, from a module of its own: the stages after fuse rebuild it from its factory."""
     (tmp_path / "residual_model.py").write_text(RESIDUAL)
     monkeypatch.syspath_prepend(str(tmp_path))
 
@@ -62,14 +64,15 @@ def batches():
 
 def test_eager_mode_failing_falls_back_to_fx_graph_mode_and_the_stored_model_is_rebuilt(tmp_path, residual):
     model = residual()
-    modeling.save_module(model, tmp_path / "fused.pt")
+    stored_fused(model, tmp_path / "fused.pt", factory="residual_model:make")
     quantized, note = quantize.static_any(model, "qnnpack", batches, None, "quantize.calibration", INPUT)
     assert isinstance(quantized, torch.fx.GraphModule)
     assert note.startswith("eager mode cannot quantize it (fails on the qnnpack engine in Tensor.add")
     assert note.endswith("quantized in FX graph mode; operations kept float: none")
     modeling.save({quantize.GRAPH_MODE: "fx", "state_dict": quantized.state_dict()}, tmp_path / "quantized.pt")
-    rebuilt = quantize.load_quantized(tmp_path / "fused.pt", tmp_path / "quantized.pt", "qnnpack",
-                                      {"mode": "static", "weights": None}, INPUT)
+    stage = SimpleNamespace(engine="qnnpack", quantization={"mode": "static", "weights": None}, input=INPUT,
+                            model={"factory": "residual_model:make"}, fuse="auto")
+    rebuilt = quantize.load_quantized({"model": tmp_path / "fused.pt", "quantized": tmp_path / "quantized.pt"}, stage)
     example = modeling.example_input(INPUT, seed=5)
     with torch.no_grad():
         assert torch.equal(quantized(example), rebuilt(example))

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_models import conv_bn
+from tiny_models import conv_bn, stored_fused
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
@@ -77,12 +77,12 @@ def fused(model):
 
 
 def lower_stage(tmp_path, model, delegate, precision="fp32", input_config=NCHW, calibration=None, options=None):
-    """The stage as the build runs it: the fused model pickled by the fuse stage, a .pte out."""
+    """The stage as the build runs it: the fused model stored by the fuse stage, a .pte out."""
     model_path = tmp_path / "fused.pt"
-    modeling.save_module(model, model_path)
+    rebuild = stored_fused(model, model_path)
     output = tmp_path / f"{delegate}-{precision}.pte"
     config = LowerConfig(delegate=delegate, precision=precision, calibration=calibration, input=input_config,
-                         options=options or {})
+                         options=options or {}, **rebuild)
     message = lower.run({"model": model_path}, config, output)
     return output, message
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_models import stored_fused
 from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
@@ -44,6 +45,10 @@ class FlattensImages(nn.Module):
         return self.head(self.conv(x))
 
 
+def relu6_in_place():
+    return TinyMobile(activation=lambda: nn.ReLU6(inplace=True))
+
+
 def tiny(activation=nn.ReLU):
     torch.manual_seed(0)
     model = TinyMobile(activation).eval()
@@ -58,17 +63,17 @@ def tiny(activation=nn.ReLU):
 def artifacts(tmp_path_factory):
     """The fused float model and its qnnpack-quantized state, as the fuse and quantize stages leave them."""
     folder = tmp_path_factory.mktemp("nnapi")
-    modeling.save_module(tiny(), folder / "fused.pt")
+    stored_fused(tiny(), folder / "fused.pt")
     batches = calibration.batches({"source": "random", "seed": 0, "batches": 2}, INPUT)
     quantized = quantize.static(tiny(), "qnnpack", batches)
     modeling.save(quantized.state_dict(), folder / "quantized.pt")
     return folder
 
 
-def stage_config(mode, bundled_inputs=True):
+def stage_config(mode, bundled_inputs=True, factory="test_nnapi:TinyMobile"):
     return NnapiConfig(precision="fp32" if mode == "none" else "int8", mode=mode, engine="qnnpack",
                        quantization=None if mode == "none" else STATIC, input=INPUT,
-                       options={"bundled_inputs": bundled_inputs})
+                       options={"bundled_inputs": bundled_inputs}, model={"factory": factory}, fuse="auto")
 
 
 def build(artifacts, mode, output, **options):
@@ -117,9 +122,10 @@ def test_an_in_place_relu6_is_named_with_its_module_in_one_line(tmp_path):
     model = tiny(activation=lambda: nn.ReLU6(inplace=True))
     (problem,) = nnapi.unsupported_ops(model, INPUT)
     assert problem.startswith("aten::hardtanh_ (features.2, a ReLU6)")
-    modeling.save_module(model, tmp_path / "fused.pt")
+    stored_fused(model, tmp_path / "fused.pt")
     with pytest.raises(MobileBuildError) as raised:
-        nnapi.run({"model": tmp_path / "fused.pt"}, stage_config("none"), tmp_path / "out.ptl")
+        nnapi.run({"model": tmp_path / "fused.pt"}, stage_config("none", factory="test_nnapi:relu6_in_place"),
+                  tmp_path / "out.ptl")
     assert raised.value.field == "targets"
     assert "aten::hardtanh_ (features.2, a ReLU6)" in raised.value.message
     assert "\n" not in str(raised.value)
@@ -133,15 +139,17 @@ def test_unsupported_ops_takes_a_traced_model_too():
 
 
 def test_unsupported_ops_checks_a_quantized_model_through_its_core(artifacts):
-    quantized = quantize.load_quantized(artifacts / "fused.pt", artifacts / "quantized.pt", "qnnpack", STATIC)
+    quantized = quantize.load_quantized({"model": artifacts / "fused.pt", "quantized": artifacts / "quantized.pt"},
+                                        stage_config("core"))
     assert nnapi.unsupported_ops(quantized, INPUT) == []
     assert isinstance(quantized.quant, torch.ao.nn.quantized.Quantize)  # the caller's model is left whole
 
 
 def test_a_node_the_converter_refuses_is_located(tmp_path):
-    modeling.save_module(FlattensImages().eval(), tmp_path / "fused.pt")
+    stored_fused(FlattensImages().eval(), tmp_path / "fused.pt")
     with pytest.raises(MobileBuildError, match=r"at aten::flatten \(head\.0, a Flatten\): .*NHWC"):
-        nnapi.run({"model": tmp_path / "fused.pt"}, stage_config("none"), tmp_path / "out.ptl")
+        nnapi.run({"model": tmp_path / "fused.pt"}, stage_config("none", factory="test_nnapi:FlattensImages"),
+                  tmp_path / "out.ptl")
 
 
 def test_quantized_modes_need_a_quantized_model(artifacts, tmp_path):

@@ -21,20 +21,23 @@ TOY_STAGE = textwrap.dedent('''
     class ToyConfig:
         input: dict
         note: str
+        model: dict  # a stage that takes the fused model rebuilds it from the model source and fusion
+        fuse: object
 
 
     def plan(chain):
         """The toy stage's node in a target's chain: after the fused model."""
-        return chain.shipped("toy", ToyConfig(input=chain.recipe.input, note=chain.settings.get("note", "plain")),
-                             {"model": chain.nodes["fuse"]}, files=chain.source_files)
+        config = ToyConfig(input=chain.recipe.input, note=chain.settings.get("note", "plain"), model=chain.source,
+                           fuse=chain.recipe.fuse)
+        return chain.shipped("toy", config, {"model": chain.nodes["fuse"]}, files=chain.source_files)
 
 
     def run(inputs, config, output):
         import torch
 
-        from mobilebuild.worker.stages import modeling
+        from mobilebuild.worker.stages import fuse
 
-        scripted = torch.jit.script(modeling.load_module(inputs["model"]))
+        scripted = torch.jit.script(fuse.load(inputs["model"], config))
         print(f"   toy note: {config.note}")
         with open(output, "wb") as handle:
             torch.jit.save(scripted, handle)

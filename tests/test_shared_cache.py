@@ -1,6 +1,11 @@
-"""Two checkouts of one repository sharing one artifact cache: the second builds nothing itself."""
+"""Checkouts of one repository sharing one artifact cache: the second builds nothing itself; what it fetches never
+runs code, signed caches use only entries signed with their key, and read-only ones are never written."""
 
 import hashlib
+import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from conftest import checkouts, tiny_recipe
@@ -43,3 +48,101 @@ def test_a_corrupt_cache_entry_is_rebuilt_never_used(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "(from the cache)" not in result.stdout
     assert second.artifact("tiny/tiny-xnnpack.ptl").read_bytes() == wanted
+
+
+POISON = textwrap.dedent('''
+    import os
+    import sys
+
+    import torch
+
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {sys.argv[2]}",)
+
+
+    torch.save({"weight": torch.ones(2), "payload": Payload()}, sys.argv[1])
+''')
+
+
+def poison_every_entry(cache_dir, first, marker, tmp_path):
+    """What anyone who can write to the cache can do: replace the file of each entry the build reads back (the
+    checkpoint, fused, quantized and TorchScript models) with a pickle that runs a command when loaded, and record
+    its hash and size in entry.json. Returns the artifacts poisoned."""
+    (tmp_path / "poison.py").write_text(POISON)
+    payload = tmp_path / "payload.pt"
+    subprocess.run([sys.executable, str(tmp_path / "poison.py"), str(payload), str(marker)], check=True)
+    data = payload.read_bytes()
+    built = {hashlib.sha256(p.read_bytes()).hexdigest(): p.name for p in first.artifact("tiny").iterdir()}
+    poisoned = []
+    for entry_json in cache_dir.rglob("entry.json"):
+        blob = entry_json.with_name("artifact")
+        name = built.get(hashlib.sha256(blob.read_bytes()).hexdigest()) if blob.is_file() else None
+        if name and name.endswith(".pt"):
+            blob.write_bytes(data)
+            entry = json.loads(entry_json.read_text())
+            entry["files"]["artifact"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            entry_json.write_text(json.dumps(entry))
+            poisoned.append(name)
+    return sorted(poisoned)
+
+
+def test_a_poisoned_cache_runs_nothing_and_its_entries_are_rebuilt(tmp_path):
+    cache = {"MOBILEBUILD_CACHE": str(tmp_path / "shared-cache")}
+    first, second = checkouts(tmp_path, "first", "second")
+    assert first.run(env=cache).returncode == 0
+    marker = tmp_path / "the-payload-ran"
+    poisoned = poison_every_entry(tmp_path / "shared-cache", first, marker, tmp_path)
+    assert poisoned == ["checkpoint.pt", "fused.pt", "quantized-qnnpack.pt", "scripted-fp32.pt",
+                        "scripted-int8-qnnpack.pt"]
+
+    result = second.run(env=cache)
+
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+    (summary,) = [line for line in result.stderr.splitlines() if "did not trust" in line]
+    assert summary.startswith("the shared artifact cache held 5 entries this build did not trust, and rebuilt: ")
+    assert "holds code, not only tensors (would call posix.system): checkpoint:tiny, fuse:tiny, quantize:" in summary
+    assert "not a TorchScript archive: script:tiny-fp32, script:tiny-int8-qnnpack" in summary
+    assert digests(second) == digests(first)
+    assert second.run(env=cache).stderr.count("did not trust") == 0  # the rebuilt entries replaced them
+
+
+def test_with_a_key_unsigned_and_wrongly_signed_entries_are_rebuilt_never_used(tmp_path):
+    shared = str(tmp_path / "shared-cache")
+    unsigned, signer, reader, stranger = checkouts(tmp_path, "unsigned", "signer", "reader", "stranger")
+    assert unsigned.run(env={"MOBILEBUILD_CACHE": shared}).returncode == 0
+    team = {"MOBILEBUILD_CACHE": shared, "MOBILEBUILD_CACHE_KEY": "team secret"}
+
+    signing = signer.run(env=team)
+    reading = reader.run(env=team)
+    other = stranger.run(env={**team, "MOBILEBUILD_CACHE_KEY": "another secret"})
+
+    assert signing.returncode == reading.returncode == other.returncode == 0
+    assert "(from the cache)" not in signing.stdout
+    (summary,) = [line for line in signing.stderr.splitlines() if "did not trust" in line]
+    assert "unsigned (MOBILEBUILD_CACHE_KEY is set): checkpoint:tiny, fuse:tiny," in summary
+    fetched = [line for line in reading.stdout.splitlines() if line.endswith("(from the cache)")]
+    assert len(fetched) == len(digests(reader)) and "did not trust" not in reading.stderr
+    assert "(from the cache)" not in other.stdout
+    assert "wrongly signed (MOBILEBUILD_CACHE_KEY differs)" in other.stderr
+    models = [{name: digest for name, digest in digests(project).items() if not name.startswith("bench-")}
+              for project in (unsigned, signer, reader, stranger)]  # timings measured again differ
+    assert models[0] == models[1] == models[2] == models[3]
+
+
+def test_a_read_only_cache_is_read_and_never_written(tmp_path):
+    shared = tmp_path / "shared-cache"
+    writer, reader, empty = checkouts(tmp_path, "writer", "reader", "empty")
+    assert empty.run(env={"MOBILEBUILD_CACHE": str(shared), "MOBILEBUILD_CACHE_READ_ONLY": "1"}).returncode == 0
+    assert not shared.exists()
+    assert writer.run(env={"MOBILEBUILD_CACHE": str(shared)}).returncode == 0
+    listing = sorted(shared.rglob("*"))
+
+    result = reader.run(env={"MOBILEBUILD_CACHE": str(shared), "MOBILEBUILD_CACHE_READ_ONLY": "1"})
+
+    assert result.returncode == 0
+    assert len([line for line in result.stdout.splitlines() if line.endswith("(from the cache)")]) == len(
+        digests(reader))
+    assert sorted(shared.rglob("*")) == listing  # not even the entries' `used` times

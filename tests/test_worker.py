@@ -31,9 +31,12 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(private_tmp))
-    torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), tmp_path / "model.pt")
+    (tmp_path / "convrelu.py").write_text("from torch import nn\n\n\ndef make():\n"
+                                          "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())\n")
+    torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).state_dict(), tmp_path / "model.pt")
     config = stages.as_json(stages.LowerConfig(precision="fp32", delegate="coreml", options={}, input={
-        "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}))
+        "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"},
+        model={"factory": "convrelu:make"}, fuse=False))
     reply = worker_pool.call({"stage": "lower", "inputs": {"model": str(tmp_path / "model.pt")}, "config": config,
                          "output": str(tmp_path / "model.pte"), "root": str(tmp_path)})
     assert set(reply) == {"printed"}, reply
@@ -41,3 +44,25 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
     assert list(private_tmp.rglob("*.mlpackage")), "the lowering left no package for the exit to remove"
     worker_pool.close_all()
     assert not list(private_tmp.rglob("*.mlpackage"))
+
+
+def test_operators_torchscript_knows_by_address_stay_alive():
+    """torch replaces an operator's object when a library adds an overload; freed, its address was reused by a
+    Conv2d's padding tuple, which then compiled as that operator ("builtin cannot be used as a value")."""
+    import gc
+    import weakref
+
+    import torch
+
+    from mobilebuild.worker import reproducible  # keeps them alive from its import on
+
+    def operator(x):
+        return x
+
+    registered = weakref.ref(operator)
+    torch.jit._builtins._register_builtin(operator, "aten::relu")
+    del operator
+    gc.collect()
+    assert registered() is not None
+    packet = torch.ops.aten.relu  # looked up before the worker's first stage, or after: either way alive
+    assert any(kept is packet._op for kept in reproducible._registered_builtins)

@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from mobilebuild.worker.stages import modeling
+
 
 def randomize_batchnorm(model, seed=0):
     """Non-trivial batch-norm statistics: the defaults (mean 0, var 1, weight 1, bias 0) hide folding bugs."""
@@ -15,6 +17,13 @@ def randomize_batchnorm(model, seed=0):
             module.weight.data.copy_(torch.randn(n, generator=generator))
             module.bias.data.copy_(torch.randn(n, generator=generator) * 2)
     return model.eval()
+
+
+def stored_fused(model, path, factory=None):
+    """Store the fused `model` as the fuse stage does (its weights only) and return the config fields the stages
+    after fuse rebuild it from: the factory of the unfused model (by default its class) and `fuse: auto`."""
+    modeling.save(model.state_dict(), path)
+    return {"model": {"factory": factory or f"{type(model).__module__}:{type(model).__qualname__}"}, "fuse": "auto"}
 
 
 class ConvBn(nn.Sequential):

@@ -9,16 +9,23 @@ instead. Layout, under the cache's URL:
     v1/<key[:2]>/<key>/used          the time of the latest hit, for least-recently-used pruning
 
 entry.json is written last and a reader trusts only the blobs that match it: a missing, truncated or corrupt entry is
-a miss, never a wrong artifact. On a local filesystem an entry is assembled in `v1/.staging/` and renamed into place
-whole, so concurrent writers and killed writers leave either a complete entry or nothing. Object stores have no
-directory rename: there the blobs are written in place and entry.json last, and unfinished entries are left to
-`prune` once they are older than STALE_AFTER_S (a reader cannot tell them from an upload in progress).
+a miss, never a wrong artifact. Those hashes are the writer's word, so they guard against accidents, not against a
+writer: with a signing key (`MOBILEBUILD_CACHE_KEY`) writers add an HMAC of the entry to entry.json and readers
+treat unsigned or wrongly signed entries as untrusted; a reader may also refuse a file by its content (the `check`
+of `fetch`). Untrusted entries are never used, and removed where this machine may write, so that a rebuild
+replaces them. With `MOBILEBUILD_CACHE_READ_ONLY` set, a machine reads the cache and never writes to it.
+
+On a local filesystem an entry is assembled in `v1/.staging/` and renamed into place whole, so concurrent writers
+and killed writers leave either a complete entry or nothing. Object stores have no directory rename: there the blobs
+are written in place and entry.json last, and unfinished entries are left to `prune` once they are older than
+STALE_AFTER_S (a reader cannot tell them from an upload in progress).
 
 No fsspec at import time: `doit list` imports the task layer, which must stay fast.
 """
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import posixpath
@@ -26,6 +33,7 @@ import re
 import secrets
 import shutil
 import time
+import urllib.parse
 from datetime import datetime
 
 from mobilebuild import store
@@ -39,8 +47,12 @@ CHUNK_BYTES = 1 << 20
 # Unfinished entries younger than this may be uploads in progress; older ones are garbage from killed writers.
 STALE_AFTER_S = 3600.0
 OFF_VALUES = ("", "off", "none")
+TRUE_VALUES = ("1", "true", "yes", "on")
+KEY_VARIABLE = "MOBILEBUILD_CACHE_KEY"
+READ_ONLY_VARIABLE = "MOBILEBUILD_CACHE_READ_ONLY"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
+_USER_INFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*:/{0,2})[^/@?#]*@")  # scheme://user:password@
 _RESERVED_NAMES = (ENTRY_FILE, USED_FILE)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?)(i?)(b?)\s*", re.IGNORECASE)
 _UNIT_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
@@ -54,6 +66,29 @@ def default_url(environ=None):
         return None if value.lower() in OFF_VALUES else value
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "mobilebuild")
+
+
+def from_environment(environ=None):
+    """The shared cache the environment names ($MOBILEBUILD_CACHE, its signing key and read-only setting), or None
+    when it is off."""
+    environ = os.environ if environ is None else environ
+    url = default_url(environ)
+    if url is None:
+        return None
+    return Cache(url, signing_key=environ.get(KEY_VARIABLE) or None,
+                 read_only=environ.get(READ_ONLY_VARIABLE, "").strip().lower() in TRUE_VALUES)
+
+
+def redact(url):
+    """The URL with what may be a secret replaced by ***: a user name and password, and query values such as a token
+    or a signature (an S3 presigned URL, an Azure SAS)."""
+    text = _USER_INFO.sub(r"\1***@", str(url))
+    parts = urllib.parse.urlsplit(text)
+    if not parts.query:
+        return text
+    query = "&".join(f"{name}=***" if value else name
+                     for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    return urllib.parse.urlunsplit(parts._replace(query=query))
 
 
 def entry_key(stage_key, input_hashes):
@@ -79,18 +114,27 @@ class _Corrupt(Exception):
     """The entry is not what its entry.json says: it must be removed, never used."""
 
 
-class Cache:
-    """A content-addressed artifact cache at an fsspec URL (a plain path is a local folder)."""
+class Untrusted(Exception):
+    """An entry this reader must not use: unsigned or wrongly signed while a signing key is set, or a file that is not
+    what the caller's check requires. The message says which, in a few words."""
 
-    def __init__(self, url, **storage_options):
+
+class Cache:
+    """A content-addressed artifact cache at an fsspec URL (a plain path is a local folder). With `signing_key`,
+    entries are signed when stored and used only when their signature matches; with `read_only`, nothing is ever
+    written (no entries, no usage times, no removals)."""
+
+    def __init__(self, url, signing_key=None, read_only=False, **storage_options):
         from fsspec.core import url_to_fs
         from fsspec.implementations.local import LocalFileSystem
 
         self.url = os.fspath(url)
+        self.signing_key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+        self.read_only = read_only
         self.fs, root = url_to_fs(self.url, **storage_options)
         self.local = isinstance(self.fs, LocalFileSystem)
         self.root = root.rstrip("/") or "/"
-        self.location = self.root if self.local else self.fs.unstrip_protocol(self.root)
+        self.location = self.root if self.local else redact(self.url)
         self._layout = posixpath.join(self.root, LAYOUT)
 
     def __repr__(self):
@@ -98,28 +142,45 @@ class Cache:
 
     # -- reading --------------------------------------------------------------------------------------------------
 
-    def fetch(self, key, outputs):
+    def fetch(self, key, outputs, check=None):
         """Copy the entry's files to their destinations ({name: path}) and return its metadata; None on a miss.
 
-        All destinations are replaced together, only after every file matched its recorded sha256 and size. A
-        broken entry is removed; a failure of the cache's storage or of the destination is just a miss.
+        All destinations are replaced together, only after every file matched its recorded sha256 and size, and
+        `check(name, path)` (if given) found nothing wrong with each: it returns None, or the problem. A broken
+        entry is removed; a failure of the cache's storage or of the destination is just a miss. Raises Untrusted
+        for an entry that is unsigned or wrongly signed while a key is set, or that `check` refuses.
         """
         directory = self._entry_dir(key)
         try:
             entry = self._read_entry(directory)
             if entry is None or not set(outputs) <= set(entry["files"]):
                 return None
+            self._check_signature(key, entry)
             with contextlib.ExitStack() as replacements:
                 for name, destination in outputs.items():
                     temporary = replacements.enter_context(store.atomic_output(destination))
                     self._copy_verified(posixpath.join(directory, name), temporary, entry["files"][name])
+                    problem = check(name, temporary) if check else None
+                    if problem:
+                        raise Untrusted(problem)
         except _Corrupt:
             self._remove(directory)
             return None
+        except Untrusted:
+            self._remove(directory)  # where this machine writes: the rebuild replaces it
+            raise
         except OSError:
             return None
         self._mark_used(directory)
         return entry["meta"]
+
+    def fetch_blob(self, digest, destination):
+        """fetch() of an entry stored under its own content's sha256 (a Dask build's input files): the file must
+        hash to its key, whatever entry.json says. Returns whether it was found."""
+        def same_content(name, path):
+            return None if store.sha256_file(path) == digest else "content differs from its key"
+
+        return self.fetch(digest, {"blob": destination}, check=same_content) is not None
 
     def has(self, key):
         """Whether a published entry exists; its blobs are checked only when fetched."""
@@ -166,7 +227,23 @@ class Cache:
         if size != recorded["bytes"] or digest.hexdigest() != recorded["sha256"]:
             raise _Corrupt(f"{source}: does not match {ENTRY_FILE}")
 
+    def _check_signature(self, key, entry):
+        if self.signing_key is None:
+            return
+        signature = entry.get("signature")
+        if not isinstance(signature, str):
+            raise Untrusted(f"unsigned ({KEY_VARIABLE} is set)")
+        if not hmac.compare_digest(signature, self._signature(key, entry["files"], entry["meta"])):
+            raise Untrusted(f"wrongly signed ({KEY_VARIABLE} differs)")
+
+    def _signature(self, key, files, meta):
+        """HMAC-SHA256 of the entry's key, its files' hashes and sizes, and its metadata."""
+        signed = json.dumps({"key": key, "files": files, "meta": meta}, sort_keys=True, separators=(",", ":"))
+        return hmac.new(self.signing_key, signed.encode(), hashlib.sha256).hexdigest()
+
     def _mark_used(self, directory):
+        if self.read_only:
+            return
         # Best effort: a read-only shared cache, or an entry pruned meanwhile, still served this hit.
         with contextlib.suppress(OSError):
             self.fs.pipe_file(posixpath.join(directory, USED_FILE), f"{time.time():.6f}".encode())
@@ -176,14 +253,28 @@ class Cache:
     def store(self, key, files, meta=None):
         """Publish {name: local path} as the entry `key`. Returns True when this call published it, False when an
         entry was already there (it is kept: the first writer wins). Raises OSError when the cache cannot be
-        written; the build does not depend on it, so callers may warn and carry on."""
+        written; the build does not depend on it, so callers may warn and carry on. A read-only cache stores
+        nothing; a signing one first removes an entry in the way that it would not trust."""
         directory = self._entry_dir(key)
         for name in files:
             _check_name(name)
+        if self.read_only:
+            return False
         meta = dict(meta or {})
+        if self.signing_key is not None:
+            self._remove_untrusted(key, directory)
         if self.local:
             return self._publish_by_rename(key, directory, files, meta)
-        return self._publish_in_place(directory, files, meta)
+        return self._publish_in_place(key, directory, files, meta)
+
+    def _remove_untrusted(self, key, directory):
+        with contextlib.suppress(_Corrupt, OSError):
+            entry = self._read_entry(directory)
+            if entry is not None:
+                try:
+                    self._check_signature(key, entry)
+                except Untrusted:
+                    self._remove(directory)
 
     def _publish_by_rename(self, key, directory, files, meta):
         if os.path.isfile(posixpath.join(directory, ENTRY_FILE)):
@@ -191,7 +282,7 @@ class Cache:
         staging = posixpath.join(self._layout, STAGING_DIR, f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
         os.makedirs(staging)
         try:
-            self._write_entry(staging, files, meta)
+            self._write_entry(key, staging, files, meta)
             os.makedirs(posixpath.dirname(directory), exist_ok=True)
             for _ in range(2):
                 try:
@@ -207,7 +298,7 @@ class Cache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _publish_in_place(self, directory, files, meta):
+    def _publish_in_place(self, key, directory, files, meta):
         entry_path = posixpath.join(directory, ENTRY_FILE)
         if self.fs.exists(entry_path):
             return False
@@ -215,12 +306,18 @@ class Cache:
         record = self._write_blobs(directory, files)
         if self.fs.exists(entry_path):  # another writer finished first: keep its entry.json
             return False
-        self.fs.pipe_file(entry_path, _entry_json(record, meta))
+        self.fs.pipe_file(entry_path, self._entry_json(key, record, meta))
         return True
 
-    def _write_entry(self, directory, files, meta):
+    def _write_entry(self, key, directory, files, meta):
         record = self._write_blobs(directory, files)
-        self.fs.pipe_file(posixpath.join(directory, ENTRY_FILE), _entry_json(record, meta))
+        self.fs.pipe_file(posixpath.join(directory, ENTRY_FILE), self._entry_json(key, record, meta))
+
+    def _entry_json(self, key, record, meta):
+        entry = {"files": record, "meta": meta, "created": time.time()}
+        if self.signing_key is not None:
+            entry["signature"] = self._signature(key, record, meta)
+        return json.dumps(entry, sort_keys=True, indent=1).encode()
 
     def _write_blobs(self, directory, files):
         record = {}
@@ -246,6 +343,7 @@ class Cache:
     def prune(self, max_bytes):
         """Remove least-recently-used entries until the complete ones hold at most `max_bytes`, and leftovers of
         writes older than STALE_AFTER_S. Returns {"removed", "freed", "entries", "bytes", "unfinished_removed"}."""
+        self._refuse_if_read_only()
         entries, unfinished = self._scan()
         swept = self._sweep(unfinished)
         last_used = self._last_used(entries)
@@ -263,10 +361,16 @@ class Cache:
 
     def clear(self):
         """Remove every entry (and leftovers). Returns {"removed", "freed"}."""
+        self._refuse_if_read_only()
         entries, _ = self._scan()
         if self.fs.exists(self._layout):
             self.fs.rm(self._layout, recursive=True)
         return {"removed": len(entries), "freed": sum(entry["bytes"] for entry in entries.values())}
+
+    def _refuse_if_read_only(self):
+        if self.read_only:
+            raise PermissionError(f"the artifact cache {self.location} is read-only here ({READ_ONLY_VARIABLE}): "
+                                  "prune or clear it where it is written")
 
     def _scan(self):
         """Complete entries {folder: {"bytes", "names"}} and unfinished folders {folder: newest time or None}, from
@@ -318,7 +422,10 @@ class Cache:
         return last_used
 
     def _remove(self, directory):
-        """Best effort. Locally the folder is first renamed away, so that no reader sees it half deleted."""
+        """Best effort, and never on a read-only cache. Locally the folder is first renamed away, so that no reader
+        sees it half deleted."""
+        if self.read_only:
+            return
         if self.local:
             trash = posixpath.join(self._layout, TRASH_DIR, f"{posixpath.basename(directory)}.{secrets.token_hex(4)}")
             with contextlib.suppress(OSError):
@@ -341,10 +448,6 @@ class Cache:
 def _check_name(name):
     if not isinstance(name, str) or name in _RESERVED_NAMES or name.startswith(".") or "/" in name or "\\" in name:
         raise ValueError(f"{name!r} cannot name a file of a cache entry")
-
-
-def _entry_json(record, meta):
-    return json.dumps({"files": record, "meta": meta, "created": time.time()}, sort_keys=True, indent=1).encode()
 
 
 def _is_entry(parts):

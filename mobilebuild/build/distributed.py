@@ -42,8 +42,7 @@ def run_remote(node, request, shared, key, python=None):
     files = {}
     for path in [*node.inputs.values(), *node.files]:
         digest = store.sha256_file(path)
-        if not shared.has(digest):
-            shared.store(digest, {"blob": Path(path)})
+        shared.store(digest, {"blob": Path(path)})  # nothing when there (a signing cache replaces an untrusted one)
         files[path] = digest
     future = client().submit(build_on_worker, request, files, shared.url, key, python,
                              key=f"{node.task_name}-{key[:16]}", pure=False)
@@ -51,16 +50,22 @@ def run_remote(node, request, shared, key, python=None):
 
 
 def build_on_worker(request, files, cache_url, key, python=None):
-    """On a Dask worker: fetch the inputs into a scratch repository, run the stage, publish the output."""
+    """On a Dask worker: fetch the inputs into a scratch repository, run the stage, publish the output. The cache's
+    signing key comes from the worker's own environment (MOBILEBUILD_CACHE_KEY), never through the scheduler."""
     from mobilebuild.build import cache, worker_pool
 
-    shared = cache.Cache(cache_url)
+    shared = cache.Cache(cache_url, signing_key=os.environ.get(cache.KEY_VARIABLE) or None)
     scratch = Path(tempfile.mkdtemp(prefix="mobilebuild-"))
     try:
         for path, digest in files.items():
-            if shared.fetch(digest, {"blob": scratch / path}) is None:
-                return {"error": {"message": f"{path} is missing from the artifact cache at {cache_url}",
-                                  "field": None, "file": None}, "printed": ""}
+            try:
+                problem = None if shared.fetch_blob(digest, scratch / path) else "is missing"
+            except cache.Untrusted as exc:  # and removed: the next build uploads it again
+                problem = f"was refused ({exc}) and removed; run the build again"
+            if problem:
+                return {"error": {"message": f"{path}: its entry {digest[:16]} in the artifact cache at "
+                                             f"{shared.location} {problem}", "field": None, "file": None},
+                        "printed": ""}
         output = scratch / request["output"]
         output.parent.mkdir(parents=True, exist_ok=True)
         reply = worker_pool.call({**request, "root": str(scratch),

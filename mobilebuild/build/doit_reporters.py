@@ -9,6 +9,7 @@ from doit.exceptions import TaskError, UnmetDependency
 from doit.reporter import ConsoleReporter
 
 from mobilebuild.build.actions import write_report_despite
+from mobilebuild.build.execute import untrusted_summary
 from mobilebuild.build.repo_lock import hold_build_lock
 
 
@@ -18,6 +19,7 @@ class RunHooks:
 
     def initialize(self, tasks, selected_tasks):
         hold_build_lock()  # only when tasks are about to run: listing never waits
+        untrusted_summary()  # left by a build that was killed: not this one's
         self.failed = {}
         if hasattr(super(), "initialize"):
             super().initialize(tasks, selected_tasks)
@@ -28,6 +30,9 @@ class RunHooks:
 
     def complete_run(self):
         super().complete_run()
+        summary = untrusted_summary()
+        if summary:  # the real stderr: doit's JSON reporter swaps sys.stderr for a buffer
+            print(summary, file=sys.__stderr__, flush=True)
         # The report depends on every recipe's manifest, so one recipe that failed to build keeps doit from writing
         # it; the others' results are worth seeing, and only once the run is over is nothing left to wait for.
         if isinstance(getattr(self, "failed", {}).get("render_report"), UnmetDependency):

@@ -19,13 +19,15 @@ from mobilebuild.build import distributed, worker_pool
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import stages
 
+UNTRUSTED_LOG = ".mobilebuild/cache-untrusted.jsonl"  # this build's ignored cache entries, summed up at its end
+
 
 def run_node(node):
     """Build one node, or fetch it from the shared cache; return doit's TaskFailed (rendered as a single line) for a
     user mistake."""
     started = time.perf_counter()
     shared, key = _cache_entry(node)
-    if key is not None and shared.fetch(key, {"artifact": Path(node.output)}) is not None:
+    if key is not None and _fetch(node, shared, key):
         print(f"   {node.output} (from the cache)", flush=True)
         return None
     remote = distributed.address() is not None and not stages.get(node.stage).in_process
@@ -56,8 +58,52 @@ def shared_cache():
     when it is off."""
     from mobilebuild.build import cache  # fsspec: only when something is built
 
-    url = cache.default_url()
-    return cache.Cache(url) if url else None
+    return cache.from_environment()
+
+
+def _fetch(node, shared, key):
+    """Whether the node's output came from the cache. An entry the cache's reader does not trust (unsigned while
+    a key is set; a file that is not what the stage makes) is noted for the build's summary and rebuilt."""
+    from mobilebuild.build import cache, fetched
+
+    form = stages.get(node.stage).form
+    try:
+        return shared.fetch(key, {"artifact": Path(node.output)},
+                            check=(lambda name, path: fetched.problem(path, form)) if form else None) is not None
+    except cache.Untrusted as exc:
+        note_untrusted(node.task_name, str(exc))
+        return False
+
+
+def note_untrusted(task, reason):
+    """Record an ignored cache entry; the build prints them all as one line when it ends (untrusted_summary)."""
+    path = Path(UNTRUSTED_LOG)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as log:  # appends of one short line: whole, even from doit's parallel processes
+            log.write(json.dumps({"task": task, "reason": reason}) + "\n")
+
+
+def untrusted_summary():
+    """One line on the entries of the shared cache this build ignored and rebuilt (None if none); clears the log."""
+    path = Path(UNTRUSTED_LOG)
+    try:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        path.unlink()
+    except (OSError, ValueError):
+        return None
+    if not records:
+        return None
+    reasons = {}
+    for record in records:
+        reasons.setdefault(record["reason"], []).append(record["task"])
+    parts = [f"{reason}: {_few(tasks)}" for reason, tasks in sorted(reasons.items())]
+    return (f"the shared artifact cache held {len(records)} entr{'y' if len(records) == 1 else 'ies'} this build "
+            f"did not trust, and rebuilt: {'; '.join(parts)}")
+
+
+def _few(names, limit=3):
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _cache_entry(node):
@@ -95,12 +141,26 @@ def _run_stage(node, output):
 
 def _build_remotely(node, shared, key):
     """The node on a Dask worker (distributed.py); its output comes back through the shared cache."""
+    from mobilebuild.build import cache
+
     if key is None:
         raise MobileBuildError("a build on Dask moves files through the shared artifact cache, which is off "
                                "(MOBILEBUILD_CACHE): point it at storage every worker can reach")
-    reply = distributed.run_remote(node, request(node, node.output), shared, key, python=node.interpreter)
+    if shared.read_only:
+        raise MobileBuildError(f"a build on Dask moves files through the shared artifact cache, which is read-only "
+                               f"here ({cache.READ_ONLY_VARIABLE}): build on Dask where the cache may be written")
+    try:
+        reply = distributed.run_remote(node, request(node, node.output), shared, key, python=node.interpreter)
+    except OSError as exc:  # uploading the inputs; the message names the cache by its redacted location only
+        raise MobileBuildError(f"cannot write to the artifact cache at {shared.location}: "
+                               f"{exc.strerror or type(exc).__name__}") from None
     _raise_failure(node, reply)
-    if shared.fetch(key, {"artifact": Path(node.output)}) is None:
+    try:
+        found = shared.fetch(key, {"artifact": Path(node.output)})
+    except cache.Untrusted as exc:
+        raise MobileBuildError(f"built on a Dask worker, but its cache entry is {exc}: give the workers the same "
+                               f"{cache.KEY_VARIABLE} as the build") from None
+    if found is None:
         raise RuntimeError(f"{node.task_name}: built on a Dask worker but not found in the cache {shared.location}")
 
 

@@ -219,12 +219,13 @@ def quantize(chain):
 
 
 def script(chain):
-    """TorchScript per precision (and engine): the targets of one precision share it. It reads the pickled fused
-    model, whose unpickling imports the factory: its source is among the node's files."""
+    """TorchScript per precision (and engine): the targets of one precision share it. It rebuilds the fused model
+    from the factory: its source is among the node's files."""
     recipe, route = chain.recipe, chain.route
     tag = chain.target.id if chain.own_quantization else route.tag(chain.precision)
     config = stages.ScriptConfig(mode=recipe.script, precision=chain.precision, engine=route.engine,
-                                 quantization=chain.quantization, input=recipe.input)
+                                 quantization=chain.quantization, input=recipe.input, model=chain.source,
+                                 fuse=recipe.fuse)
     return chain.node("script", f"{recipe.name}-{tag}", config, chain.model_inputs(),
                       f"{chain.out}/scripted-{tag}.pt", files=chain.source_files)
 
@@ -240,7 +241,8 @@ def nnapi(chain):
     settings = chain.settings
     config = stages.NnapiConfig(precision=chain.precision, input=chain.recipe.input, mode=settings["mode"],
                                 engine=chain.route.engine, quantization=chain.quantization,
-                                options={"bundled_inputs": chain.target.optimize["bundled_inputs"]})
+                                options={"bundled_inputs": chain.target.optimize["bundled_inputs"]},
+                                model=chain.source, fuse=chain.recipe.fuse)
     return chain.shipped("nnapi", config, chain.model_inputs(), files=chain.source_files)
 
 
@@ -257,12 +259,12 @@ def lower(chain):
     options = chain.settings
     config = stages.LowerConfig(precision=chain.precision, input=chain.recipe.input,
                                 delegate=options.pop("delegate", chain.route.delegate), options=options,
-                                calibration=calibration, weights=weights)
+                                model=chain.source, fuse=chain.recipe.fuse, calibration=calibration, weights=weights)
     return chain.shipped("lower", config, {"model": chain.nodes["fuse"]}, files=files)
 
 
 def export(chain):
     calibration, weights, files = _final_quantization(chain)
     config = stages.ExportConfig(precision=chain.precision, input=chain.recipe.input, options=chain.settings,
-                                 calibration=calibration, weights=weights)
+                                 model=chain.source, fuse=chain.recipe.fuse, calibration=calibration, weights=weights)
     return chain.shipped("export", config, {"model": chain.nodes["fuse"]}, files=files)

@@ -58,7 +58,7 @@ class QuantizeConfig:
     weights: str | None
     input: dict
     model: dict
-    fuse: object  # QAT rebuilds the fused model
+    fuse: object  # the fused model is rebuilt from the source and fusion: it is stored as weights only
     calibration: dict | None = None  # static only
 
 
@@ -69,6 +69,8 @@ class ScriptConfig:
     engine: str | None
     quantization: dict | None  # {mode, weights}: how to rebuild the quantized model
     input: dict
+    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: object
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class NnapiConfig:
     engine: str
     quantization: dict | None
     options: dict  # bundled_inputs
+    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: object
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class LowerConfig:
     input: dict
     delegate: str
     options: dict  # the delegate's options
+    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: object
     calibration: dict | None = None  # int8
     weights: str | None = None
 
@@ -105,6 +111,8 @@ class ExportConfig:
     precision: str
     input: dict
     options: dict  # opset
+    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: object
     calibration: dict | None = None  # int8
     weights: str | None = None
 
@@ -176,6 +184,9 @@ class Stage:
     in_process: bool = False  # runs in the build's own process: it reads results, no tensors
     measures: bool = False  # takes the host lock itself, for its measurement only (worker/measure_alone.py)
     cached: bool = True  # whether the shared artifact cache may hold its output
+    # What its output is, checked in a copy fetched from the shared cache before anything reads it (build/fetched.py):
+    # "weights" (a torch.save archive of tensors only) or "torchscript"; None: only runtimes read it, never Python.
+    form: str | None = None
 
     @property
     def module_path(self):
@@ -222,21 +233,21 @@ def all_stages():
 
 for _stage in (
     Stage("train", TrainConfig, {}, "Train models whose recipe has model.train; their weights become the checkpoint.",
-          "#f4cccc"),
+          "#f4cccc", form="weights"),
     Stage("checkpoint", CheckpointConfig, {"weights": ("train", FILE)},
-          "Materialise each model's weights as a state_dict.", "#fce5cd"),
+          "Materialise each model's weights as a state_dict.", "#fce5cd", form="weights"),
     Stage("prune", PruneConfig, {"checkpoint": ("checkpoint",)},
           "Prune Conv/Linear weights (torch.nn.utils.prune, made permanent) for recipes or targets that ask.",
-          "#f9cb9c", plan=f"{CHAINS}:prune"),
+          "#f9cb9c", plan=f"{CHAINS}:prune", form="weights"),
     Stage("fuse", FuseConfig, {"checkpoint": ("checkpoint", "prune")},
           "Fold batch norm and fuse Conv/Linear-BN-ReLU sequences in eager mode.", "#fff2cc",
-          plan=f"{CHAINS}:fuse"),
+          plan=f"{CHAINS}:fuse", form="weights"),
     Stage("quantize", QuantizeConfig, {"model": ("fuse",), "trained": (FILE,)},
           "Static post-training quantization per engine.", "#d9ead3",
-          plan=f"{CHAINS}:quantize"),
+          plan=f"{CHAINS}:quantize", form="weights"),
     Stage("script", ScriptConfig, {"model": ("fuse",), "quantized": ("quantize",)},
           "TorchScript per precision (script or trace).", "#d0e0e3",
-          plan=f"{CHAINS}:script"),
+          plan=f"{CHAINS}:script", form="torchscript"),
     Stage("optimize", OptimizeConfig, {"scripted": ("script",)},
           "optimize_for_mobile per target, saved for the lite interpreter (.ptl).", "#c9daf8",
           plan=f"{CHAINS}:optimize"),

@@ -145,6 +145,37 @@ def plain_attention():
         torch.backends.mha.set_fastpath_enabled(enabled)
 
 
+_registered_builtins = []  # every object TorchScript has mapped to a builtin operator by id(), kept alive
+
+
+def _keep_builtins_alive():
+    """TorchScript finds builtin operators by id() (torch.jit._builtins._builtin_table), and registering one keeps
+    no reference to it. When a library adds an overload to an operator already looked up (ExecuTorch and torch.ao
+    both extend quantized_decomposed), torch replaces the operator's object and the old one is freed; the next object
+    at its address, a Conv2d's padding tuple say, then compiles as that operator: torch.jit.script failed with
+    "builtin cannot be used as a value" in about one build in six. Objects kept alive keep their addresses."""
+    from torch._ops import OpOverloadPacket, _OpNamespace
+
+    builtins = torch.jit._builtins
+    if getattr(builtins._register_builtin, "keeps_alive", False):
+        return
+    for namespace in vars(torch.ops).values():  # operators looked up before this module was imported
+        if isinstance(namespace, _OpNamespace):
+            _registered_builtins.extend(packet._op for packet in vars(namespace).values()
+                                        if isinstance(packet, OpOverloadPacket))
+    register = builtins._register_builtin
+
+    def register_and_keep(fn, op):
+        _registered_builtins.append(fn)
+        register(fn, op)
+
+    register_and_keep.keeps_alive = True
+    builtins._register_builtin = register_and_keep
+
+
+_keep_builtins_alive()
+
+
 @contextlib.contextmanager
 def stage_session():
     """What every stage runs in: a compilation unit of its own, and plain attention."""

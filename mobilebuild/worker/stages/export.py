@@ -30,7 +30,7 @@ import torch
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import progress
 from mobilebuild.worker.quiet import quiet
-from mobilebuild.worker.stages import calibration, modeling
+from mobilebuild.worker.stages import calibration, fuse, modeling
 
 MIN_OPSET = 18  # the exporter's own floor (torch.onnx's TORCHLIB_OPSET)
 INPUT_NAME, OUTPUT_NAME = "input", "output"
@@ -172,7 +172,7 @@ def quantize_int8(proto, settings, input_config, weights=None):
 
 
 def run(inputs, config, output):
-    model = modeling.load_module(inputs["model"])
+    model = fuse.load(inputs["model"], config)
     progress.note("torch.onnx.export")
     proto = export_float(model, config.input, (config.options or {}).get("opset"))
     if config.precision == "int8":

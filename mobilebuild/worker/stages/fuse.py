@@ -122,6 +122,14 @@ def fuse(model, setting, qat=False):
     return model, groups
 
 
+def load(path, config):
+    """The fused model stored at `path`, for the stages after fuse: its weights, read weights-only, in the structure
+    the recipe's model takes once fused with `config.fuse` (fusion depends on the structure alone, never on the
+    weights). A stored module would be a pickle whose loading can run any code its writer put there."""
+    return modeling.restore_model(config.model, path, structure=lambda model: fuse(model, config.fuse)[0],
+                                  field=None)
+
+
 def run(inputs, config, output):
     fused, _ = fuse(modeling.restore_model(config.model, inputs["checkpoint"]), config.fuse)
-    modeling.save_module(fused, output)
+    modeling.save(fused.state_dict(), output)

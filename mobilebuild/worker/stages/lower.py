@@ -30,7 +30,7 @@ from mobilebuild.worker import progress, pte
 from mobilebuild.worker.coreml import reproducible_coreml
 from mobilebuild.worker.executorch_setup import ensure_flatc
 from mobilebuild.worker.quiet import quiet
-from mobilebuild.worker.stages import calibration, modeling
+from mobilebuild.worker.stages import calibration, fuse, modeling
 
 DELEGATES = ("xnnpack", "vulkan", "coreml", "mps")
 PRECISIONS = ("fp32", "int8")
@@ -243,7 +243,7 @@ def run(inputs, config, output):
             raise MobileBuildError("int8 lowering needs calibration batches", field="quantize.calibration")
         samples = calibration_samples(config.calibration, input_config)
     try:
-        data = lower_to_bytes(modeling.load_module(inputs["model"]), input_config, delegate, precision,
+        data = lower_to_bytes(fuse.load(inputs["model"], config), input_config, delegate, precision,
                               config.options, samples, config.weights)
     except ImportError as exc:  # a delegate's own dependency (coremltools) missing or broken
         raise MobileBuildError(f"ExecuTorch's {BACKEND_NAMES[delegate]} delegate cannot be loaded: "

@@ -90,22 +90,25 @@ def build_model(source, seed):
     return model.eval()
 
 
-def restore_model(source, state_path):
-    """The recipe's model holding the weights of one of our own checkpoint artifacts.
+def restore_model(source, state_path, structure=None, field="model.checkpoint"):
+    """The recipe's model holding the weights of one of our own artifacts, loaded weights-only: whatever wrote the
+    file (a build, the shared cache), loading it runs no code. `structure` turns the freshly built model into the
+    one the weights were saved from (fused, say): the same deterministic steps from the recipe.
 
     Built on the meta device first: random initialisation of a large model costs more than loading it, and its
     values would be overwritten anyway. Models that cannot be built that way are built normally.
     """
-    state = load_state_dict_file(state_path, field="model.checkpoint")
+    structure = structure or (lambda model: model)
+    state = load_state_dict_file(state_path, field=field)
     try:
         with torch.device("meta"):
-            model = build_model(source, seed=0)
+            model = structure(build_model(source, seed=0))
         model.load_state_dict(state, assign=True)
         if not any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
             return model.eval()
     except (MobileBuildError, RuntimeError, NotImplementedError):
         pass
-    model = build_model(source, seed=0)
+    model = structure(build_model(source, seed=0))
     model.load_state_dict(state)
     return model.eval()
 
@@ -145,22 +148,29 @@ def value_range(input_config):
     return tuple(input_config.get("range") or (0, 256))
 
 
-def load_state_dict_file(path, field):
-    """Read a state_dict with weights_only=True: a checkpoint carrying code is refused, never executed."""
+def load_weights_only(path, field):
+    """torch.load with weights_only=True: a file carrying code (a pickled object whose unpickling calls a function)
+    is refused, never executed; one line says which."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch's message is a paragraph; the line that names the offending global or opcode is the useful one
         detail = next((line for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line), "")
         if "GLOBAL" in detail:
             raise MobileBuildError(f"{path} was refused: it carries code, not only tensors ({detail.strip()}); "
-                                   "checkpoints are loaded weights-only", field=field) from None
+                                   "checkpoints and intermediate artifacts are loaded weights-only",
+                                   field=field) from None
         raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint ({detail.strip() or 'corrupt'})",
                                field=field) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, ValueError, OSError) as exc:
         # the first sentence: torch goes on about miniz internals and how files get corrupted
         raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint (empty or truncated?): "
                                f"{first_line(exc).split('. ')[0]}", field=field) from None
+
+
+def load_state_dict_file(path, field):
+    """A state_dict (a mapping of names to tensors), read weights-only."""
+    state = load_weights_only(path, field)
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -204,13 +214,3 @@ def save(obj, path):
             if isinstance(exc.__context__, OSError):  # the writer's complaint while unwinding from the failed write
                 raise exc.__context__ from None
             raise
-
-
-def save_module(module, path):
-    """Intermediate artifacts between eager stages are whole pickled modules (their structure changes along
-    the way: fused, observed, quantized). They are only ever read back by this package's own stages."""
-    save(module, path)
-
-
-def load_module(path):
-    return torch.load(path, map_location="cpu", weights_only=False).eval()

@@ -22,7 +22,7 @@ from torch.backends._nnapi.serializer import _NnapiSerializer
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import reproducible
-from mobilebuild.worker.stages import modeling, quantize
+from mobilebuild.worker.stages import fuse, modeling, quantize
 
 MODES = ("none", "core", "full")
 
@@ -219,13 +219,13 @@ def build(model, mode, input_config, bundle=True):
 
 
 def _model(inputs, config):
+    """The model to convert: the fused one, or quantized from it; both rebuilt from the recipe, read weights-only."""
     if config.mode == "none":
-        return modeling.load_module(inputs["model"])
+        return fuse.load(inputs["model"], config)
     if "quantized" not in inputs or not config.quantization:
         raise MobileBuildError(f"NNAPI mode {config.mode} converts a quantized model: add a quantize step",
                                field="quantize")
-    return quantize.load_quantized(inputs["model"], inputs["quantized"], config.engine, config.quantization,
-                                   config.input)
+    return quantize.load_quantized(inputs, config)
 
 
 def run(inputs, config, output):

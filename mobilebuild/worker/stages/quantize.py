@@ -146,25 +146,27 @@ def from_qat(source, trained_path, engine, fuse_setting, weights=None):
     return tq.convert(model.eval(), inplace=True)
 
 
-def load_quantized(fused_path, state_path, engine, quantization, input_config=None):
+def load_quantized(inputs, config):
     """Quantized eager modules do not survive pickling, so the quantize stage stores a state_dict; the module
-    structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it."""
-    fused = modeling.load_module(fused_path)
-    saved = torch.load(state_path, map_location="cpu", weights_only=False)
+    structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it. Both
+    files are read weights-only."""
+    engine, quantization, input_config = config.engine, config.quantization, config.input
+    fused = fuse.load(inputs["model"], config)
+    if quantization["mode"] == "dynamic":
+        return dynamic(fused, engine, quantization["weights"]).eval()  # from the weights alone: recomputed exactly
+    saved = modeling.load_weights_only(inputs["quantized"], field=None)
     if isinstance(saved, dict) and saved.get(GRAPH_MODE) == "fx":
         model = fx_quantize.rebuild(fused, engine, input_config, qconfig_for(engine, quantization["weights"]))
         model.load_state_dict(saved["state_dict"])
         return model.eval()
-    if quantization["mode"] == "dynamic":
-        model = dynamic(fused, engine, quantization["weights"])
-    else:  # static and QAT both convert to the same quantized modules
-        # The observers' values are replaced by the stored ones: the cheapest observer gives the same structure,
-        # where the engine's HistogramObserver would spend its parameter search on nothing.
-        skeleton = tq.QConfig(activation=tq.MinMaxObserver.with_args(dtype=torch.quint8),
-                              weight=qconfig_for(engine, quantization["weights"]).weight)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # converting uncalibrated observers warns
-            model = tq.convert(prepared(fused, engine, skeleton, input_config), inplace=True)
+    # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
+    # ones: the cheapest observer gives the same structure, where the engine's HistogramObserver would spend its
+    # parameter search on nothing.
+    skeleton = tq.QConfig(activation=tq.MinMaxObserver.with_args(dtype=torch.quint8),
+                          weight=qconfig_for(engine, quantization["weights"]).weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # converting uncalibrated observers warns
+        model = tq.convert(prepared(fused, engine, skeleton, input_config), inplace=True)
     model.load_state_dict(saved)
     return model.eval()
 
@@ -223,16 +225,21 @@ def run(inputs, config, output):
     source_field = "model.factory" if "factory" in config.model else "model.torchvision"
     note = None
     if config.mode == "static":
-        quantized, note = static_any(modeling.load_module(inputs["model"]), engine,
+        quantized, note = static_any(fuse.load(inputs["model"], config), engine,
                                      lambda: calibration.batches(config.calibration, config.input), weights,
                                      calibration.field(config.calibration), config.input, source_field)
     elif config.mode == "dynamic":
-        quantized = dynamic(modeling.load_module(inputs["model"]), engine, weights)
+        quantized = dynamic(fuse.load(inputs["model"], config), engine, weights)
     else:
         quantized = from_qat(config.model, inputs["trained"], engine, config.fuse, weights)
     if config.mode != "static":  # static_any has run it
         check_runs(quantized, config.input, engine, field=source_field)
-    state = quantized.state_dict()
+    if config.mode == "dynamic":
+        # Recurrent layers' packed weights pickle as TorchScript objects, which no weights-only load accepts; the
+        # stages after this one recompute dynamic quantization from the fused weights (see load_quantized).
+        state = {"mode": "dynamic"}
+    else:
+        state = quantized.state_dict()
     if note:
         print(f"   {note}")
         state = {GRAPH_MODE: "fx", "state_dict": state}  # load_quantized rebuilds it with FX, not eager mode

@@ -4,7 +4,7 @@
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker.stages import modeling, quantize
+from mobilebuild.worker.stages import fuse, modeling, quantize
 
 
 class ChannelsLastInput(torch.nn.Module):
@@ -36,13 +36,13 @@ def to_torchscript(model, mode, example):
 
 
 def run(inputs, config, output):
+    """The fused or quantized model (both rebuilt from the recipe, read weights-only) as TorchScript."""
     if config.engine:
         torch.backends.quantized.engine = config.engine
     if "quantized" in inputs:
-        model = quantize.load_quantized(inputs["model"], inputs["quantized"], config.engine,
-                                        config.quantization, config.input)
+        model = quantize.load_quantized(inputs, config)
     else:
-        model = modeling.load_module(inputs["model"])
+        model = fuse.load(inputs["model"], config)
     if config.input["memory_format"] == "channels_last":
         model = ChannelsLastInput(model).eval()
     scripted = to_torchscript(model, config.mode, modeling.example_input(config.input))
