@@ -19,8 +19,8 @@ from mobilebuild.worker.stages import modeling
 
 
 def measure_into(spec, connection):
-    """The forked process's work: measure in the build's repository (a model may be pickled with a class of its),
-    send the result."""
+    """The forked process's work: measure in the build's repository (the eager reference is built by the recipe's
+    factory, which imports from there), send the result."""
     serve.enter_root(spec["root"])
     connection.send(measure(spec))
     connection.close()
