@@ -6,15 +6,13 @@ import functools
 import os
 
 from doit.dependency import MD5Checker
-from doit.exceptions import InvalidDodoFile
 from doit.tools import config_changed
 
 from mobilebuild import store
 from mobilebuild.build import distributed
-from mobilebuild.build.actions import check_verified, clean_output, clean_plots, write_release, write_report
+from mobilebuild.build.actions import check_verified, clean_output, clean_plots, fail_with, write_release, write_report
 from mobilebuild.build.doit_reporters import Reporter
 from mobilebuild.build.execute import run_node
-from mobilebuild.errors import RecipeErrors
 from mobilebuild.plan import graph, project, stages
 from mobilebuild.results import release
 
@@ -65,11 +63,18 @@ REPORT_TARGETS = [f"{graph.ARTIFACTS_DIR}/report.md", f"{graph.ARTIFACTS_DIR}/re
 
 
 @functools.lru_cache(maxsize=None)
+def project_graph(root):
+    """(nodes, invalid recipes) of the repository, read once per doit process."""
+    return project.load(root)
+
+
 def project_nodes(root):
-    try:
-        return project.nodes(root)
-    except RecipeErrors as exc:
-        raise InvalidDodoFile(str(exc)) from None  # doit prints it without a traceback and exits non-zero
+    return project_graph(root)[0]
+
+
+def invalid_recipes(root):
+    """{recipe file: [its problems, one line each]} of the recipes left out of the build."""
+    return {file: [str(problem) for problem in problems] for file, problems in project_graph(root)[1].items()}
 
 
 class ObservedFiles:
@@ -157,14 +162,23 @@ def task_verified():
                    "doc": f"fails if an artifact of {node.recipe_file} failed verification"}
 
 
+def task_invalid():
+    """Fail for each recipe that is invalid: it alone is left out of the build (the others build and report)."""
+    for file, problems in invalid_recipes(os.getcwd()).items():
+        yield {"name": file, "actions": [(fail_with, ["\n".join(problems)])], "io": output_capture(),
+               "doc": f"{file} is invalid: {len(problems)} problem(s)"}
+
+
 def task_render_report():
     """artifacts/report.md and report.html with tables and plots, from every recipe's manifest (`doit report`
-    rewrites them without building anything)."""
+    rewrites them without building anything); invalid recipes are listed as not built, with their problems."""
     manifests = [n.output for n in project_nodes(os.getcwd()) if n.stage == "manifest"]
+    invalid = invalid_recipes(os.getcwd())
     return {
-        "actions": [(write_report, [])],
+        "actions": [(write_report, [invalid])],
         "io": output_capture(),
         "file_dep": manifests,
+        "uptodate": [config_changed({"invalid": invalid})],
         "targets": REPORT_TARGETS,
         "clean": [(clean_output, [path]) for path in REPORT_TARGETS] + [(clean_plots, [])],
     }
@@ -186,11 +200,12 @@ def task_benchmark():
 
 def task_build():
     """Build, verify and benchmark every artifact of every recipe, then write the report (the default)."""
-    return {"actions": None, "task_dep": [*(stage.name for stage in stages.all_stages()), "render_report", "verified"]}
+    return {"actions": None,
+            "task_dep": [*(stage.name for stage in stages.all_stages()), "render_report", "verified", "invalid"]}
 
 
 # One task group per registered stage (a project's dodo.py registers its own routes and stages before importing this).
 for _stage in stages.all_stages():
     globals()[f"task_{_stage.name}"] = _stage_group(_stage)
-__all__ = ["DOIT_CONFIG", *(f"task_{stage.name}" for stage in stages.all_stages()), "task_verified",
+__all__ = ["DOIT_CONFIG", *(f"task_{stage.name}" for stage in stages.all_stages()), "task_verified", "task_invalid",
            "task_render_report", "task_release", "task_benchmark", "task_build"]

@@ -152,14 +152,28 @@ def test_a_bad_checkpoint_fails_in_one_line_and_leaves_no_artifact(project):
         project.artifact("report.md").read_text()
 
 
-def test_an_invalid_recipe_stops_loading_with_one_line_per_problem(project):
-    project.write_recipe({"name": "tiny", "model": {"factory": "tinynet:make"}, "input": {"shape": [1, 3, 8, 8]},
-                          "targets": [{"backend": "xnnpak"}], "colour": "blue"})
-    result = project.run("list")
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    assert "recipes/tiny.yaml: targets[0].backend: expected one of" in result.stderr
-    assert "recipes/tiny.yaml: (top level): unknown key 'colour'" in result.stderr
+def test_an_invalid_recipe_is_an_error_for_that_recipe_alone(project):
+    project.write_recipe(tiny_recipe("good", targets=[{"backend": "xnnpack"}]))
+    project.write_recipe({"name": "broken", "model": {"factory": "tinynet:make"}, "input": {"shape": [1, 3, 8, 8]},
+                          "targets": [{"backend": "xnnpak"}], "colour": "blue"}, file="mine/broken.yaml")
+
+    listed = project.run("list")
+    alone = project.run("optimize:good-xnnpack")
+    whole = project.run()
+
+    assert listed.returncode == 0 and "optimize" in listed.stdout and "invalid" in listed.stdout
+    assert alone.returncode == 0, alone.stderr
+    assert whole.returncode != 0 and "Traceback" not in whole.stdout + whole.stderr
+    errors = [line for line in whole.stderr.splitlines() if line.startswith(("ERROR", "recipes/"))]
+    assert errors[0].startswith("ERROR: invalid:recipes/mine/broken.yaml: recipes/mine/broken.yaml: (top level): "
+                                "unknown key 'colour'")
+    assert errors[1].startswith("recipes/mine/broken.yaml: targets[0].backend: expected one of") and len(errors) == 2
+    assert project.artifact("good/manifest.json").is_file() and project.artifact("good/verify-xnnpack.json").is_file()
+    report = project.artifact("report.md").read_text()
+    assert "- recipes/mine/broken.yaml: NOT BUILT, 2 error(s): recipes/mine/broken.yaml: (top level): unknown " \
+           "key 'colour'" in report
+    assert "; recipes/mine/broken.yaml: targets[0].backend: expected one of" in report
+    assert "- good: 1 target(s): 1 passed" in report
 
 
 def test_clean_removes_every_artifact(project):

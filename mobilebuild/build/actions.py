@@ -44,10 +44,16 @@ def clean_output(path):
             break
 
 
-def write_report():
+def write_report(invalid=None):
+    """The report; `invalid` ({recipe file: its problems}) are listed as not built."""
     from mobilebuild.results import report  # matplotlib: only when a report is written
 
-    report.main(graph.ARTIFACTS_DIR)
+    report.main(graph.ARTIFACTS_DIR, invalid)
+
+
+def fail_with(message):
+    """An action that fails with `message` as one line per problem (an invalid recipe's task)."""
+    return TaskFailed(message)
 
 
 def write_report_despite(failures):
@@ -56,8 +62,9 @@ def write_report_despite(failures):
     stderr: stdout may carry a JSON report (`doit -r json`)."""
     from mobilebuild.results import report
 
-    recipes = {node.task_name: node.recipe for node in project.nodes(os.getcwd())}
-    unbuilt = {}
+    nodes, invalid = project.load(os.getcwd())
+    recipes = {node.task_name: node.recipe for node in nodes}
+    unbuilt = {file: [str(problem) for problem in problems] for file, problems in invalid.items()}
     for name, failure in failures.items():
         if name in recipes:
             first_line = next(iter(failure.message.strip().splitlines()), "failed")

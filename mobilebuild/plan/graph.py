@@ -131,12 +131,18 @@ def _device_settings(device_config, route):
 
 def build(recipes, root):
     """All nodes of all recipes; raises RecipeErrors with every problem found."""
+    nodes, problems = build_each(recipes, root)
+    if problems:
+        raise RecipeErrors(problems)
+    return nodes
+
+
+def build_each(recipes, root):
+    """(the nodes of every recipe that plans, the problems of those that do not)."""
     nodes, problems = [], []
     for recipe in recipes:
         try:
             nodes.extend(recipe_nodes(recipe, root))
         except RecipeErrors as exc:
             problems.extend(exc.errors)
-    if problems:
-        raise RecipeErrors(problems)
-    return nodes
+    return nodes, problems

@@ -5,8 +5,19 @@ from mobilebuild.plan import graph, recipe
 
 
 def nodes(root):
-    """Every node of every recipe under `root`; raises RecipeErrors with every problem found."""
-    return tuple(graph.build(recipe.load_all(root), root))
+    """Every node of every valid recipe under `root`."""
+    return load(root)[0]
+
+
+def load(root):
+    """(every node of every valid recipe under `root`, {recipe file: its problems} of the others): an invalid
+    recipe is an error for that recipe alone."""
+    recipes, problems = recipe.load_each(root)
+    nodes, planning = graph.build_each(recipes, root)
+    invalid = {}
+    for problem in problems + planning:
+        invalid.setdefault(str(problem.file or recipe.RECIPE_DIR), []).append(problem)
+    return tuple(nodes), invalid
 
 
 def by_recipe(root):

@@ -401,7 +401,15 @@ def discover(root):
 
 
 def load_all(root, paths=None):
-    """Load every recipe (or the given ones); collect all problems, including duplicate names."""
+    """Load every recipe (or the given ones); raise RecipeErrors with all problems, including duplicate names."""
+    recipes, problems = load_each(root, paths)
+    if problems:
+        raise RecipeErrors(problems)
+    return recipes
+
+
+def load_each(root, paths=None):
+    """(the valid recipes, the problems of the others): one broken recipe never holds up the rest."""
     root = Path(root)
     recipes, problems, names = [], [], {}
     cache = ParseCache(root)
@@ -418,6 +426,4 @@ def load_all(root, paths=None):
         names[recipe.name] = recipe.file
         recipes.append(recipe)
     cache.save()
-    if problems:
-        raise RecipeErrors(problems)
-    return recipes
+    return recipes, problems

@@ -676,10 +676,11 @@ def load_manifests(artifacts_dir):
 
 
 def main(artifacts_dir="artifacts", unbuilt=None):
-    """Write the report from every recipe's manifest; `unbuilt` as in build(), whose manifests, if any, are left
-    out: they describe an earlier build."""
+    """Write the report from every recipe's manifest; `unbuilt` as in build() (keyed by recipe name or file), whose
+    manifests, if any, are left out: they describe an earlier build."""
     unbuilt = unbuilt or {}
-    manifests = [m for m in load_manifests(artifacts_dir) if _recipe_name(m) not in unbuilt]
+    manifests = [m for m in load_manifests(artifacts_dir)
+                 if _recipe_name(m) not in unbuilt and m.get("recipe_file") not in unbuilt]
     if not manifests and not unbuilt:
         print(f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)", file=sys.stderr)
         return 2
