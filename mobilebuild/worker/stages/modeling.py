@@ -158,8 +158,7 @@ def load_weights_only(path, field):
         detail = next((line for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line), "")
         if "GLOBAL" in detail:
             raise MobileBuildError(f"{path} was refused: it carries code, not only tensors ({detail.strip()}); "
-                                   "checkpoints and intermediate artifacts are loaded weights-only",
-                                   field=field) from None
+                                   "checkpoints are loaded weights-only", field=field) from None
         raise MobileBuildError(f"{path} is not a readable PyTorch checkpoint ({detail.strip() or 'corrupt'})",
                                field=field) from None
     except (EOFError, RuntimeError, zipfile.BadZipFile, ValueError, OSError) as exc:
