@@ -98,16 +98,34 @@ def test_release_selects_recipes_and_targets(built, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def test_a_stale_manifest_is_refused_in_one_line_and_no_release_is_left(copy, tmp_path, capsys):
+def test_a_changed_artifact_is_refused_in_one_line_and_the_rest_released(copy, tmp_path, capsys):
     shipped = copy.artifact("tiny/tiny-qnnpack.ptl")
     shipped.write_bytes(shipped.read_bytes() + b"\0")
     out = tmp_path / "release"
     assert release.release_command(["--out", str(out)], root=copy.root) == 1
-    error = capsys.readouterr().err
-    assert error == ("mobilebuild release: artifacts/tiny/tiny-qnnpack.ptl does not match "
-                     "artifacts/tiny/manifest.json (stale manifest): run `doit` first\n")
-    # the xnnpack file was copied before the refusal: neither it nor the staging folder may remain
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
+    printed = capsys.readouterr()
+    assert printed.err == ("mobilebuild release: artifacts/tiny/tiny-qnnpack.ptl does not match "
+                           "artifacts/tiny/manifest.json (stale manifest): run `doit` first\n")
+    assert printed.out.splitlines()[-1] == f"released 1 files to {out}"
+    # the qnnpack file was copied before its refusal: it is not in the release, and no staging folder remains
+    assert sorted(json.loads((out / release.RELEASE_FILE).read_text())["files"]) == ["tiny/tiny-xnnpack.ptl"]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "release.json", "tiny", "tiny/tiny-xnnpack.ptl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "release"]
+
+
+def test_every_refusal_is_listed_one_line_each(copy, tmp_path):
+    manifest = manifest_of(copy)
+    for target in manifest["targets"]:
+        target["status"] = "failed"
+        manifest["verification"][target["target"]].update(status="failed", failures=["sqnr_db 1.0 < 40"])
+    copy.artifact("tiny/manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(release.Refused) as refused:
+        release.collect(copy.root, tmp_path / "out")
+    assert [str(error) for error in refused.value.errors] == [
+        f"tiny-{target}: verification failed (sqnr_db 1.0 < 40); fix it, or pass --allow-failed to release it anyway"
+        for target in ("xnnpack", "qnnpack")]
+    assert refused.value.document is None and not (tmp_path / "out").exists()
 
 
 def test_missing_artifacts_and_changed_recipes_are_refused(copy, tmp_path):

@@ -1,6 +1,7 @@
 """What doit runs besides building nodes (build/execute.py): the verification gate, `doit clean`, the report."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -56,20 +57,68 @@ def fail_with(message):
     return TaskFailed(message)
 
 
-def write_report_despite(failures):
+def write_manifests_despite(blocked, failures):
+    """The manifests that failed tasks ({task name: doit's failure}) kept from being written (`blocked`: the tasks
+    doit skipped): written from what this run built, each target whose chain failed marked FAILED with the first
+    error in it, so that one failing target never hides its recipe's others. A recipe none of whose targets was
+    built gets none (the report lists it as NOT BUILT). Returns the recipes whose manifest was written."""
+    from mobilebuild.worker.stages import manifest  # no torch there
+
+    nodes = project.nodes(os.getcwd())
+    by_output = {node.output: node for node in nodes}
+    by_task = {node.task_name: node for node in nodes}
+    order = {node.task_name: index for index, node in enumerate(nodes)}
+    written = []
+    for node in nodes:
+        if node.stage != "manifest" or node.task_name not in blocked:
+            continue
+        targets = []
+        for target in node.settings.targets:
+            ends = [by_output.get(target["path"])] + [by_task.get(f"{stage}:{node.recipe}-{target['target']}")
+                                                      for stage in ("verify", "bench")]
+            failed = sorted(_upstream(ends, by_output) & set(failures), key=order.get)
+            targets.append({**target, "error": f"{failed[0]}: {_first_line(failures[failed[0]])}"} if failed
+                           else target)
+        if all("error" in target for target in targets):
+            continue
+        # the files of this run only: one a failed task left from an earlier build is not this build's
+        artifacts = [entry for entry in node.settings.artifacts
+                     if not {by_output[entry["path"]].task_name} & (blocked | set(failures))]
+        with store.atomic_output(node.output) as temporary:
+            manifest.run({}, dataclasses.replace(node.settings, targets=targets, artifacts=artifacts), temporary)
+        written.append(node.recipe)
+    return written
+
+
+def _upstream(ends, by_output):
+    """The task names of `ends` and of every node they read from."""
+    seen, pending = set(), [node for node in ends if node is not None]
+    while pending:
+        node = pending.pop()
+        if node.task_name not in seen:
+            seen.add(node.task_name)
+            pending.extend(by_output[path] for path in node.inputs.values() if path in by_output)
+    return seen
+
+
+def _first_line(failure):
+    return next(iter(failure.message.strip().splitlines()), "failed")
+
+
+def write_report_despite(failures, described=()):
     """The report of a run in which failures ({task name: doit's failure}) kept the report task from running:
-    written from the recipes that built, with the others listed by their errors instead of earlier results. On
-    stderr: stdout may carry a JSON report (`doit -r json`)."""
+    written from the recipes that built (and those in `described`, whose manifests say which targets failed), with
+    the others listed by their errors instead of earlier results. On stderr: stdout may carry a JSON report
+    (`doit -r json`)."""
     from mobilebuild.results import report
 
     nodes, invalid = project.load(os.getcwd())
     recipes = {node.task_name: node.recipe for node in nodes}
     unbuilt = {file: [str(problem) for problem in problems] for file, problems in invalid.items()}
     for name, failure in failures.items():
-        if name in recipes:
-            first_line = next(iter(failure.message.strip().splitlines()), "failed")
-            unbuilt.setdefault(recipes[name], []).append(f"{name}: {first_line}")
-    if unbuilt:
+        if name in recipes and recipes[name] not in described:
+            unbuilt.setdefault(recipes[name], []).append(f"{name}: {_first_line(failure)}")
+    if unbuilt or described:
         with contextlib.redirect_stdout(sys.stderr):
             report.main(graph.ARTIFACTS_DIR, unbuilt)
 
@@ -85,6 +134,10 @@ def write_release(out_dir=release.DEFAULT_OUT):
     """The doit `release` task's action: a refusal is one line (doit's TaskFailed), not a traceback."""
     try:
         document = release.collect(".", out_dir)
+    except release.Refused as exc:  # what could be released was; every refusal, one line each
+        if exc.document:
+            print(f"   released {len(exc.document['files'])} files to {out_dir}")
+        return TaskFailed(str(exc))
     except MobileBuildError as exc:
         return TaskFailed(str(exc))
     print(f"   released {len(document['files'])} files to {out_dir}")

@@ -8,7 +8,7 @@ from doit import reporter
 from doit.exceptions import TaskError, UnmetDependency
 from doit.reporter import ConsoleReporter
 
-from mobilebuild.build.actions import write_report_despite
+from mobilebuild.build.actions import write_manifests_despite, write_report_despite
 from mobilebuild.build.execute import untrusted_summary
 from mobilebuild.build.repo_lock import hold_build_lock
 
@@ -33,15 +33,42 @@ class RunHooks:
         summary = untrusted_summary()
         if summary:  # the real stderr: doit's JSON reporter swaps sys.stderr for a buffer
             print(summary, file=sys.__stderr__, flush=True)
-        # The report depends on every recipe's manifest, so one recipe that failed to build keeps doit from writing
-        # it; the others' results are worth seeing, and only once the run is over is nothing left to wait for.
-        if isinstance(getattr(self, "failed", {}).get("render_report"), UnmetDependency):
-            write_report_despite({name: fail for name, fail in self.failed.items()
-                                  if not isinstance(fail, UnmetDependency)})
+        # A manifest depends on every target of its recipe, and the report on every manifest, so one target that
+        # failed keeps doit from writing either; the rest is worth seeing, and only once the run is over is nothing
+        # left to wait for.
+        failed = getattr(self, "failed", {})
+        blocked = {name for name, fail in failed.items() if isinstance(fail, UnmetDependency)}
+        if blocked:
+            failures = {name: fail for name, fail in failed.items() if name not in blocked}
+            described = write_manifests_despite(blocked, failures)
+            if "render_report" in blocked:
+                write_report_despite(failures, described)
 
 
 class Reporter(RunHooks, ConsoleReporter):
-    desc = "console output; recipe mistakes as one line each; one build at a time"
+    """doit's console output, with the tasks found up to date counted in one line at the end instead of one line
+    each (a monorepo's up-to-date build printed hundreds); `-r verbose` lists them."""
+
+    desc = "console output; up-to-date tasks as one count; recipe mistakes as one line each; one build at a time"
+
+    def initialize(self, tasks, selected_tasks):
+        super().initialize(tasks, selected_tasks)
+        self.up_to_date = self.executed = 0
+
+    def execute_task(self, task):
+        self.executed += bool(task.actions)
+        super().execute_task(task)
+
+    def skip_uptodate(self, task):
+        self.up_to_date += task.name[0] != "_"
+
+    def complete_run(self):
+        up_to_date = getattr(self, "up_to_date", 0)
+        if up_to_date and not self.executed:
+            self.write(f"all {up_to_date} tasks up to date: nothing to do\n")
+        elif up_to_date:
+            self.write(f"{up_to_date} more tasks up to date\n")
+        super().complete_run()
 
     def _write_failure(self, result, write_exception=True):
         failure = result["exception"]
@@ -65,6 +92,13 @@ def _one_build_at_a_time(base):
     return Locked
 
 
+class VerboseReporter(Reporter):
+    """The console reporter with doit's `-- task` line for each task found up to date."""
+
+    desc = "console output with a line per up-to-date task; one build at a time"
+    skip_uptodate = ConsoleReporter.skip_uptodate
+
+
 JsonReporter = _one_build_at_a_time(reporter.JsonReporter)
 ExecutedOnlyReporter = _one_build_at_a_time(reporter.ExecutedOnlyReporter)
 ZeroReporter = _one_build_at_a_time(reporter.ZeroReporter)
@@ -73,5 +107,5 @@ ErrorOnlyReporter = _one_build_at_a_time(reporter.ErrorOnlyReporter)
 # doit's reporter names, replaced (pyproject.toml [tool.doit.plugins.reporter]; the mobilebuild command registers
 # them itself)
 PLUGINS = {name: f"mobilebuild.build.doit_reporters:{cls}" for name, cls in (
-    ("console", "Reporter"), ("json", "JsonReporter"), ("executed-only", "ExecutedOnlyReporter"),
+    ("console", "Reporter"), ("verbose", "VerboseReporter"), ("json", "JsonReporter"), ("executed-only", "ExecutedOnlyReporter"),
     ("zero", "ZeroReporter"), ("error-only", "ErrorOnlyReporter"))}

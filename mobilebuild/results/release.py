@@ -19,6 +19,7 @@ No torch here: the release reads manifests and copies files.
 """
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import os
@@ -65,26 +66,49 @@ class Difference(NamedTuple):
 # -- collect ------------------------------------------------------------------------------------------------------
 
 
+class Refused(RecipeErrors):
+    """Targets that could not be released, one error each; `document` is release.json of what was released
+    (None: nothing was)."""
+
+    def __init__(self, errors, document):
+        super().__init__(errors)
+        self.document = document
+
+
 def collect(root, out_dir, recipes=None, targets=None, allow_failed=False):
     """Copy the final artifacts of the selected recipes and targets (all by default; a target by its id, e.g.
-    "xnnpack", or as "<recipe>-<id>") into `out_dir` with release.json; return release.json's content. Raises
-    MobileBuildError when an artifact is missing, its manifest is stale, or (unless `allow_failed`) a target failed
-    or lacks verification."""
+    "xnnpack", or as "<recipe>-<id>") into `out_dir` with release.json; return release.json's content. A target is
+    refused when its artifact is missing or changed, its manifest is stale, or (unless `allow_failed`) it failed or
+    lacks verification: the others are released, then Refused lists every refusal. A selection that names nothing
+    raises MobileBuildError."""
     root = Path(root)
     out_dir = Path(out_dir)
     _check_destination(out_dir)
-    chosen = _select(root, project.by_recipe(root), recipes, targets)
+    chosen, refused = _select(root, project.by_recipe(root), recipes, targets)
+    files = {}
     staging = _staging_dir(out_dir)
     try:
-        files = {}
         for recipe_nodes, manifest, target in chosen:
-            files.update(_release_file(root, staging, recipe_nodes, manifest, target, allow_failed))
-        document = {"format": FORMAT, "files": files}
-        (staging / RELEASE_FILE).write_text(dumps(document))
-        _publish(staging, out_dir)
+            try:
+                files.update(_release_file(root, staging, recipe_nodes, manifest, target, allow_failed))
+            except MobileBuildError as exc:
+                refused.append(exc)
+                _unstage(staging, target["path"])  # a copy that was made before the refusal
+        document = {"format": FORMAT, "files": files} if files else None
+        if document:
+            (staging / RELEASE_FILE).write_text(dumps(document))
+            _publish(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    if refused:
+        raise Refused(refused, document)
     return document
+
+
+def _unstage(staging, path):
+    (staging / path).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (staging / path).parent.rmdir()  # only if empty
 
 
 def dumps(document):
@@ -97,7 +121,7 @@ def _select(root, nodes, recipes, targets):
     unknown = sorted(set(recipes or ()) - set(nodes))
     if unknown:
         raise MobileBuildError(f"no recipe named {unknown[0]!r} (recipes: {', '.join(sorted(nodes))})")
-    chosen, matched = [], set()
+    chosen, refused, matched = [], [], set()
     for name, recipe_nodes in nodes.items():
         if recipes and name not in recipes:
             continue
@@ -107,15 +131,19 @@ def _select(root, nodes, recipes, targets):
         if not wanted:
             continue
         matched |= {*wanted, *(f"{name}-{target}" for target in wanted)}
-        manifest = _current_manifest(root, manifest_node)
+        try:
+            manifest = _current_manifest(root, manifest_node)
+        except MobileBuildError as exc:  # every target of the recipe: one line says why
+            refused.append(exc)
+            continue
         by_id = {target["target"]: target for target in manifest["targets"]}
         chosen += [(recipe_nodes, manifest, by_id[target]) for target in wanted]
     missing = sorted(set(targets or ()) - matched)
     if missing:
         raise MobileBuildError(f"no target {missing[0]!r} in the selected recipes")
-    if not chosen:
+    if not chosen and not refused:
         raise MobileBuildError("nothing to release: no targets selected")
-    return chosen
+    return chosen, refused
 
 
 def _current_manifest(root, node):
@@ -415,8 +443,11 @@ def release_command(argv, root="."):
     parser.add_argument("--allow-failed", action="store_true", help="release targets that failed or lack "
                         "verification too")
     options = parser.parse_args(argv)
+    refused = []
     try:
         document = collect(root, options.out, options.recipe, options.target, options.allow_failed)
+    except Refused as exc:
+        document, refused = exc.document, exc.errors
     except RecipeErrors as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
@@ -424,11 +455,15 @@ def release_command(argv, root="."):
     except MobileBuildError as exc:
         print(f"mobilebuild release: {exc}", file=sys.stderr)
         return 1
-    for path, entry in sorted(document["files"].items()):
+    files = (document or {}).get("files", {})
+    for path, entry in sorted(files.items()):
         print(f"{path}  {entry['sha256']}  {entry['bytes']} bytes  verification: "
               f"{(entry['verification'] or {}).get('status', 'none')}")
-    print(f"released {len(document['files'])} files to {options.out}")
-    return 0
+    if files:
+        print(f"released {len(files)} files to {options.out}")
+    for error in refused:
+        print(f"mobilebuild release: {error}", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def verify_release_command(argv, root="."):

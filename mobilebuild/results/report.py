@@ -324,7 +324,8 @@ def _failures(rows):
     for row in rows[1:]:
         messages = [str(m) for m in _get(row.verification, "failures") or []]
         if row.state == "failed" and not messages:
-            messages = [str(_get(row.verification, "reason") or "no failure message in the manifest")]
+            reason = row.target.get("reason") or _get(row.verification, "reason")
+            messages = [str(reason or "no failure message in the manifest")]
         found.extend(f"{row.label}: {message}" for message in messages)
     return found
 

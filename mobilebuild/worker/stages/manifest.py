@@ -37,10 +37,15 @@ def read_result(path, subject):
 
 
 def _target(target, verification):
-    described = {key: value for key, value in target.items() if key != "interpreter"}  # a path of this machine's
-    described.update(path=relative(target["path"]), bytes=os.path.getsize(target["path"]),
+    # the interpreter is a path of this machine's; an error, the failure of the target's chain in this run (written
+    # by build/actions.write_manifests_despite)
+    described = {key: value for key, value in target.items() if key not in ("interpreter", "error")}
+    built = os.path.exists(target["path"]) and not target.get("error")  # a file there is from an earlier build
+    described.update(path=relative(target["path"]), bytes=os.path.getsize(target["path"]) if built else None,
                      status=(verification or {}).get("status", "not verified"),
                      outputs=(verification or {}).get("output_spec"))
+    if target.get("error"):
+        described.update(status="failed", reason=target["error"])
     if target["interpreter"]:  # built by another interpreter (`toolchain:`): its versions, not this one's
         described["toolchain"] = toolchain.versions(target["interpreter"])
     return described
@@ -57,7 +62,7 @@ def run(inputs, config, output):
         "recipe_sha256": config.recipe_sha256,
         "input": config.input,
         "toolchain": toolchain.versions(),
-        "artifacts": [describe(entry) for entry in config.artifacts],
+        "artifacts": [describe(entry) for entry in config.artifacts if os.path.exists(entry["path"])],
         "targets": [_target(t, verification[t["target"]]) for t in config.targets],
         "verification": {k: v for k, v in verification.items() if v is not None},
         "benchmarks": {k: v for k, v in benchmarks.items() if v is not None},
