@@ -57,6 +57,12 @@ def test_build_runs_the_doit_tasks(project):
     assert "-- optimize:tiny-xnnpack" in mobilebuild(project, "build", "-r", "verbose").stdout
     listed = mobilebuild(project, "list")
     assert "optimize:tiny-xnnpack" in listed.stdout
+    assert mobilebuild(project, "graph").returncode == 0
+    built = len([p for p in (project.root / "artifacts").rglob("*") if p.is_file()])
+    cleaned = mobilebuild(project, "clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert cleaned.stdout.splitlines() == [f"removed {built} files (artifacts/, release/)"]
+    assert not (project.root / "artifacts").exists()  # the graph's files too
 
 
 @pytest.fixture(scope="module")

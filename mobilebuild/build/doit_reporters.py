@@ -107,5 +107,5 @@ ErrorOnlyReporter = _one_build_at_a_time(reporter.ErrorOnlyReporter)
 # doit's reporter names, replaced (pyproject.toml [tool.doit.plugins.reporter]; the mobilebuild command registers
 # them itself)
 PLUGINS = {name: f"mobilebuild.build.doit_reporters:{cls}" for name, cls in (
-    ("console", "Reporter"), ("verbose", "VerboseReporter"), ("json", "JsonReporter"), ("executed-only", "ExecutedOnlyReporter"),
-    ("zero", "ZeroReporter"), ("error-only", "ErrorOnlyReporter"))}
+    ("console", "Reporter"), ("verbose", "VerboseReporter"), ("json", "JsonReporter"),
+    ("executed-only", "ExecutedOnlyReporter"), ("zero", "ZeroReporter"), ("error-only", "ErrorOnlyReporter"))}
