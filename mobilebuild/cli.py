@@ -1,7 +1,8 @@
 """`mobilebuild`: the same doit tasks as `doit` in the repository root, plus commands that need no build.
 
-    mobilebuild build [--no-cache | --cache-read-only] [TASK...]
-                                         build, verify, benchmark and report (or the named tasks); doit options pass;
+    mobilebuild build [--no-cache | --cache-read-only] [TASK | RECIPE FILE | FOLDER ...]
+                                         build, verify, benchmark and report (or the named tasks, or everything of
+                                         the named recipes: `doit <recipe>` too); doit options pass;
                                          --no-cache neither reads nor fills the shared artifact cache,
                                          --cache-read-only reads it and never writes to it
     mobilebuild build --dask ADDRESS|local [-n N] [TASK...]
@@ -176,8 +177,44 @@ def main(argv=None):
         del args[at:at + 2]
         return build_on_dask(address, args)
     if args[:1] == ["build"]:
-        return run_doit(["run", *args[1:]] if len(args) > 1 else ["run", "build"])
+        try:
+            rest = recipe_tasks(args[1:])
+        except ValueError as exc:
+            print(f"mobilebuild build: {exc}", file=sys.stderr)
+            return 2
+        return run_doit(["run", *rest] if rest else ["run", "build"])
     return run_doit(args)
+
+
+def recipe_tasks(args, root="."):
+    """`build` arguments with each recipe file or folder replaced by the tasks that build, verify and benchmark its
+    recipes (an invalid one: its `invalid:` task, which fails with its problems). Raises ValueError for a path that
+    holds no recipe of this repository."""
+    if not any(_is_recipe_path(arg) for arg in args):
+        return args
+    from mobilebuild.plan import project
+
+    nodes, invalid = project.load(root)
+    by_file = {}
+    for node in nodes:
+        by_file.setdefault(node.recipe_file, [f"verified:{node.recipe}"]).append(node.task_name)
+    expanded = []
+    for arg in args:
+        if not _is_recipe_path(arg):
+            expanded.append(arg)
+            continue
+        files = [Path(os.path.relpath(path, root)).as_posix() for path in _recipe_files([arg])]
+        unknown = [file for file in files if file not in by_file and file not in invalid]
+        if unknown or not files:
+            raise ValueError(f"{unknown[0] if unknown else arg} is not a recipe of this repository (recipes live "
+                             f"in {recipe.RECIPE_DIR}/ as .yaml files)")
+        for file in files:
+            expanded += by_file.get(file) or [f"invalid:{file}"]
+    return expanded
+
+
+def _is_recipe_path(arg):
+    return not arg.startswith("-") and (Path(arg).is_dir() or Path(arg).suffix in (".yaml", ".yml"))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ DOIT_CONFIG = {
     # writers, which dbm.dumb (the dbm found here) does not.
     "backend": "sqlite3",
 }
+# `doit <name>` runs these commands, never a task of that name
+DOIT_COMMANDS = ("auto", "clean", "dumpdb", "forget", "graph", "help", "ignore", "info", "list", "report", "reset-dep",
+                 "run", "strace", "tabcompletion")
 REPORT_TARGETS = [f"{graph.ARTIFACTS_DIR}/report.md", f"{graph.ARTIFACTS_DIR}/report.html"]
 
 
@@ -162,6 +165,20 @@ def task_verified():
                    "doc": f"fails if an artifact of {node.recipe_file} failed verification"}
 
 
+def task_recipes():
+    """A task per recipe, named after it (`doit mobilenet_v2`): builds, verifies and benchmarks all of it. A recipe
+    named like another task (a stage's group, `build`...) has none: build it by its file (`mobilebuild build
+    recipes/x.yaml`)."""
+    taken = {*(name.removeprefix("task_") for name in __all__), *DOIT_COMMANDS}
+    recipes = {}
+    for node in project_nodes(os.getcwd()):
+        recipes.setdefault((node.recipe, node.recipe_file), []).append(node.task_name)
+    for (recipe, file), names in recipes.items():
+        if recipe not in taken:
+            yield {"basename": recipe, "actions": None, "task_dep": [*names, f"verified:{recipe}"],
+                   "doc": f"build, verify and benchmark {file}"}
+
+
 def task_invalid():
     """Fail for each recipe that is invalid: it alone is left out of the build (the others build and report)."""
     for file, problems in invalid_recipes(os.getcwd()).items():
@@ -208,4 +225,4 @@ def task_build():
 for _stage in stages.all_stages():
     globals()[f"task_{_stage.name}"] = _stage_group(_stage)
 __all__ = ["DOIT_CONFIG", *(f"task_{stage.name}" for stage in stages.all_stages()), "task_verified", "task_invalid",
-           "task_render_report", "task_release", "task_benchmark", "task_build"]
+           "task_recipes", "task_render_report", "task_release", "task_benchmark", "task_build"]

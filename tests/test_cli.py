@@ -112,3 +112,32 @@ def test_bench_gate_passes_on_its_own_baseline_and_fails_on_a_faster_one(built):
     result = mobilebuild(built, "bench", "--baseline", str(saved))
     assert result.returncode == 1
     assert "3 target(s) slower than the baseline by more than 10%: tiny/eager" in result.stderr
+
+
+def test_build_by_recipe_file_or_folder_and_a_task_per_recipe(project):
+    one_target = {"targets": [{"backend": "xnnpack"}]}
+    project.write_recipe(tiny_recipe("solo", **one_target))
+    project.write_recipe(tiny_recipe("team_a", **one_target), file="team/a.yaml")
+    project.write_recipe(tiny_recipe("team_b", **one_target), file="team/b.yaml")
+    project.write_recipe({"name": "broken", "model": {"factory": "tinynet:make"}}, file="team/broken.yaml")
+
+    folder = mobilebuild(project, "build", "recipes/team")
+
+    assert folder.returncode != 0  # for the broken recipe, the one line naming it
+    errors = [line for line in folder.stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and errors[0].startswith("ERROR: invalid:recipes/team/broken.yaml: ")
+    built = sorted(p.parent.name for p in (project.root / "artifacts").glob("*/verify-xnnpack.json"))
+    assert built == ["team_a", "team_b"]  # verified, and benchmarked:
+    assert (project.root / "artifacts/team_b/bench-xnnpack.json").is_file()
+    assert not (project.root / "artifacts/solo").exists()
+
+    by_task = project.run("solo")  # doit <recipe>
+    assert by_task.returncode == 0, by_task.stderr
+    assert (project.root / "artifacts/solo/manifest.json").is_file()
+    again = mobilebuild(project, "build", "recipes/solo.yaml")
+    assert again.returncode == 0 and again.stdout.strip().startswith("all ")
+
+    wrong = mobilebuild(project, "build", "README.yaml")
+    assert wrong.returncode == 2
+    assert wrong.stderr == ("mobilebuild build: README.yaml is not a recipe of this repository (recipes live in "
+                            "recipes/ as .yaml files)\n")
