@@ -90,22 +90,27 @@ def poison_every_entry(cache_dir, first, marker, tmp_path):
 
 def test_a_poisoned_cache_runs_nothing_and_its_entries_are_rebuilt(tmp_path):
     cache = {"MOBILEBUILD_CACHE": str(tmp_path / "shared-cache")}
-    pruned = tiny_recipe(prune={"method": "l1_unstructured", "amount": 0.3})
-    first, second = checkouts(tmp_path, "first", "second", recipe=pruned)
+    # trained, pruned: every intermediate a stage reads back
+    recipe = tiny_recipe(model={"factory": "tinynet:make", "seed": 0, "batchnorm_stats": 2,
+                                "train": {"function": "trainer:train"}},
+                         prune={"method": "l1_unstructured", "amount": 0.3})
+    first, second = checkouts(tmp_path, "first", "second", recipe=recipe)
+    for project in (first, second):
+        (project.root / "trainer.py").write_text("def train(model):\n    return model\n")
     assert first.run(env=cache).returncode == 0
     marker = tmp_path / "the-payload-ran"
     poisoned = poison_every_entry(tmp_path / "shared-cache", first, marker, tmp_path)
     assert poisoned == ["checkpoint.pt", "fused.pt", "pruned.pt", "quantized-qnnpack.pt", "scripted-fp32.pt",
-                        "scripted-int8-qnnpack.pt"]
+                        "scripted-int8-qnnpack.pt", "trained.pt"]
 
     result = second.run(env=cache)
 
     assert result.returncode == 0, result.stderr
     assert not marker.exists()
     (summary,) = [line for line in result.stderr.splitlines() if "did not trust" in line]
-    assert summary.startswith("the shared artifact cache held 6 entries this build did not trust, and rebuilt: ")
-    assert "holds code, not only tensors (would call posix.system): checkpoint:tiny, prune:tiny, fuse:tiny and " \
-           "1 more" in summary
+    assert summary.startswith("the shared artifact cache held 7 entries this build did not trust, and rebuilt: ")
+    assert "holds code, not only tensors (would call posix.system): train:tiny, checkpoint:tiny, prune:tiny and " \
+           "2 more" in summary
     assert "not a TorchScript archive: script:tiny-fp32, script:tiny-int8-qnnpack" in summary
     assert digests(second) == digests(first)
     assert second.run(env=cache).stderr.count("did not trust") == 0  # the rebuilt entries replaced them
