@@ -206,3 +206,19 @@ class TestImageCalibration:
     def test_an_empty_folder(self, tmp_path):
         with pytest.raises(MobileBuildError, match="holds no images"):
             list(calibration.batches({"source": "images", "path": str(tmp_path), "batches": 1}, self.IMAGE_INPUT))
+
+
+def test_a_library_message_is_quoted_as_whole_sentences_without_its_staff_notes():
+    first_line = modeling.first_line
+    dispatcher = ("Could not run 'aten::add.out' with arguments from the 'QuantizedCPU' backend. This could be because "
+                  "the operator doesn't exist for this backend, or was omitted during the selective/custom build "
+                  "process (if using custom build). If you are a Facebook employee using PyTorch on mobile, please "
+                  "visit https://fburl.com/ptmfixes for possible resolutions. 'aten::add.out' is only available for "
+                  "these backends: [CPU, Meta, BackendSelect, Python, FuncTorchDynamicLayerBackMode, Functionalize].")
+    assert first_line(RuntimeError(dispatcher)) == (
+        "Could not run 'aten::add.out' with arguments from the 'QuantizedCPU' backend. This could be because the "
+        "operator doesn't exist for this backend, or was omitted during the selective/custom build process (if "
+        "using custom build).")
+    assert first_line(ValueError("one sentence, e.g. this one\nand a second line")) == "one sentence, e.g. this one"
+    assert first_line(ValueError("x" * 400)) == "x" * 299 + "\u2026"
+    assert first_line(KeyError()) == "KeyError"

@@ -5,6 +5,7 @@ import importlib
 import inspect
 import itertools
 import pickle
+import re
 import zipfile
 
 import torch
@@ -15,9 +16,25 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int
           "bool": torch.bool, "uint8": torch.uint8}
 
 
-def first_line(exc):
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:300]
+# Sentences in library messages that only point elsewhere: a library's notes for its own staff, bug-report requests.
+_POINTERS = re.compile(r"Facebook employee|fburl\.com|please report a bug|please file an issue", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z'\"(\[])")
+
+
+def first_line(exc, limit=300):
+    """An exception's first line as whole sentences within `limit` characters, without the sentences after the
+    first that only point elsewhere; a first sentence longer than the limit is cut and ends with an ellipsis."""
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    first, *rest = _SENTENCE_END.split(text)
+    if len(first) > limit:
+        return first[:limit - 1].rstrip() + "\u2026"
+    for sentence in rest:
+        if _POINTERS.search(sentence):
+            continue
+        if len(first) + 1 + len(sentence) > limit:
+            break
+        first = f"{first} {sentence}"
+    return first
 
 
 def resolve_callable(spec, field):
