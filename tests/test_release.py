@@ -188,6 +188,7 @@ def test_verify_release_rebuilds_the_sources_byte_for_byte(built, tmp_path, caps
     # git's listing: the recipe, the factory, dodo.py and .gitignore; not the release, artifacts or doit's state
     assert "verify-release: copying 4 source files" in progress
     assert "doit optimize:tiny-qnnpack optimize:tiny-xnnpack" in progress
+    assert "verify-release: task 1: checkpoint:tiny" in progress  # each task as it starts
     assert not scratch.exists()
 
 

@@ -19,6 +19,7 @@ No torch here: the release reads manifests and copies files.
 """
 
 import argparse
+import collections
 import contextlib
 import fnmatch
 import json
@@ -416,11 +417,17 @@ def _build(scratch, tasks):
     """Build `tasks` in the scratch copy, from nothing: no doit state, the shared cache off."""
     _progress(f"building {len(tasks)} artifacts from scratch: doit {' '.join(tasks)}")
     env = {**os.environ, "MOBILEBUILD_CACHE": "off"}
-    result = subprocess.run([sys.executable, "-m", "doit", *tasks], cwd=scratch, env=env, check=False,
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        tail = (result.stdout + result.stderr).strip().splitlines()[-10:]
-        _progress(f"the scratch build failed (exit status {result.returncode}):")
+    tail = collections.deque(maxlen=10)  # what a failed build's last lines said
+    started = 0
+    with subprocess.Popen([sys.executable, "-m", "doit", *tasks], cwd=scratch, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as build:
+        for line in build.stdout:  # each task as it starts: the build takes minutes
+            tail.append(line.rstrip())
+            if line.startswith(".  "):
+                started += 1
+                _progress(f"task {started}: {line[3:].strip()}")
+    if build.returncode != 0:
+        _progress(f"the scratch build failed (exit status {build.returncode}):")
         for line in tail:
             _progress(f"  {line}")
 
