@@ -73,6 +73,7 @@ def recipe_nodes(recipe, root):
                 if node is not None:
                     chain.nodes[name] = node
                     nodes.append(node)
+            verification, verification_files = _verification(chain, root)
         except MobileBuildError as exc:
             problems.append(exc)
             continue
@@ -82,13 +83,10 @@ def recipe_nodes(recipe, root):
                    "runs_on_host": route.runs_on_host, "host_reason": route.host_reason}
         results.append(chain.node(
             "verify", f"{recipe.name}-{target.id}",
-            stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune,
-                                **_verify_settings(recipe.verify, precision)),
+            stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune, **verification),
             # a pruned artifact is checked against the pruned eager model: the build must not change it further
             {"artifact": final, "checkpoint": chain.nodes.get("prune") or checkpoint},
-            f"{out}/verify-{target.id}.json",
-            files=source_files(root, recipe.model.get("factory"), recipe.verify.get("evaluation", {}).get("function")),
-            fields=chain.fields))
+            f"{out}/verify-{target.id}.json", files=verification_files, fields=chain.fields))
         results.append(chain.node(
             "bench", f"{recipe.name}-{target.id}",
             stages.BenchConfig(**runtime, timing=timing, device=_device_settings(recipe.benchmark["device"], route)),
@@ -114,11 +112,20 @@ def recipe_nodes(recipe, root):
     return artifacts + results + [manifest]
 
 
-def _verify_settings(verify, precision):
-    settings = {"samples": verify["samples"], "seed": verify["seed"], "thresholds": verify["thresholds"][precision]}
-    if "evaluation" in verify:
-        settings["evaluation"] = verify["evaluation"]
-    return settings
+def _verification(chain, root):
+    """(the verify stage's settings from the recipe's `verify` and the target's calibration, the files it reads)."""
+    verify, quantize = chain.recipe.verify, chain.target.quantize
+    evaluation = verify.get("evaluation")
+    settings = {"samples": verify["samples"], "seed": verify["seed"],
+                "thresholds": verify["thresholds"][chain.precision], "calibration": quantize.get("calibration"),
+                "calibrated": (chain.quantization or {}).get("mode") == "static"}
+    files = source_files(root, chain.recipe.model.get("factory"),
+                         evaluation.get("function") if isinstance(evaluation, dict) else None)
+    if evaluation is not None:
+        settings["evaluation"] = evaluation
+    if evaluation == "calibration-holdout" and settings["calibration"]:
+        files += chain.calibration_files(quantize)
+    return settings, files
 
 
 def _device_settings(device_config, route):

@@ -131,7 +131,9 @@ class VerifyConfig:
     samples: int
     seed: int
     thresholds: dict
-    evaluation: dict | None = None
+    evaluation: dict | str | None = None  # a function, or "calibration-holdout"
+    calibration: dict | None = None  # the calibration source, for calibration-holdout and the data mismatch note
+    calibrated: bool = False  # whether the artifact was calibrated (static int8)
 
 
 @dataclass(frozen=True)

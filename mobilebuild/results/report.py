@@ -364,6 +364,9 @@ def _notes(rows):
                     f"thresholds: {_thresholds(_dict(_get(row.verification, 'thresholds'))) or NONE}")
         for row in rows[1:] if isinstance(_get(row.verification, "metrics"), dict))  # only what was checked
     notes.extend(f"verification ({', '.join(labels)}): {text}" for text, labels in verified.items())
+    mismatched = _grouped((row.label, _get(row.verification, "data_note")) for row in rows[1:]
+                          if _get(row.verification, "data_note"))
+    notes.extend(f"verification data ({', '.join(labels)}): {text}" for text, labels in mismatched.items())
     notes.extend(_fallbacks(rows))
     return notes
 

@@ -44,8 +44,14 @@ def _user_batches(stream, spec, at):
 
 
 def _image_batches(calibration, input_config):
-    from PIL import Image, UnidentifiedImageError
+    files = _image_files(calibration, input_config)
+    images = [_read_image(file, calibration, input_config) for file in files]  # all: each must be an image
+    stream = itertools.cycle(images)
+    for _ in range(calibration["batches"]):
+        yield torch.stack([next(stream) for _ in range(input_config["shape"][0])])
 
+
+def _image_files(calibration, input_config):
     shape = input_config["shape"]
     if len(shape) != 4 or shape[1] not in (1, 3) or not modeling.DTYPES[input_config["dtype"]].is_floating_point:
         raise MobileBuildError(f"image calibration needs a float input of shape [N, 1 or 3, H, W], got "
@@ -53,23 +59,61 @@ def _image_batches(calibration, input_config):
     files = sorted(p for p in Path(calibration["path"]).rglob("*") if p.is_file())
     if not files:
         raise MobileBuildError(f"{calibration['path']} holds no images", field="quantize.calibration.path")
-    mode = "L" if shape[1] == 1 else "RGB"
-    mean = torch.tensor(calibration.get("mean", [0.0] * shape[1])).view(1, -1, 1, 1)
-    std = torch.tensor(calibration.get("std", [1.0] * shape[1])).view(1, -1, 1, 1)
-    images = []
-    for file in files:
-        try:
-            with Image.open(file) as image:
-                image = image.convert(mode).resize((shape[3], shape[2]))
-                data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-        except (UnidentifiedImageError, OSError) as exc:
-            raise MobileBuildError(f"{file} is not a readable image: {modeling.first_line(exc)}",
-                                   field="quantize.calibration.path") from None
-        images.append(data.view(shape[2], shape[3], shape[1]).permute(2, 0, 1).float() / 255.0)
-    stream = itertools.cycle(images)
-    for _ in range(calibration["batches"]):
-        batch = torch.stack([next(stream) for _ in range(shape[0])])
-        yield (batch - mean) / std
+    return files
+
+
+def _read_image(file, calibration, input_config):
+    """One image as the model's input expects it: resized, scaled to [0, 1], then normalised by the recipe's mean
+    and std."""
+    from PIL import Image, UnidentifiedImageError
+
+    _, channels, height, width = input_config["shape"]
+    try:
+        with Image.open(file) as image:
+            image = image.convert("L" if channels == 1 else "RGB").resize((width, height))
+            data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+    except (UnidentifiedImageError, OSError) as exc:
+        raise MobileBuildError(f"{file} is not a readable image: {modeling.first_line(exc)}",
+                               field="quantize.calibration.path") from None
+    mean = torch.tensor(calibration.get("mean", [0.0] * channels)).view(-1, 1, 1)
+    std = torch.tensor(calibration.get("std", [1.0] * channels)).view(-1, 1, 1)
+    return (data.view(height, width, channels).permute(2, 0, 1).float() / 255.0 - mean) / std
+
+
+def holdout(calibration, input_config, samples):
+    """Up to `samples` inputs from the calibration source that calibration never sees (verify.evaluation:
+    calibration-holdout), stacked: the images after those calibration reads, or the batches the user's function
+    yields after calibration's. None for random batches: verification draws from a stream of its own anyway."""
+    where = "verify.evaluation"
+    if calibration is None:
+        raise MobileBuildError("calibration-holdout verifies on the calibration source, and this recipe has none: "
+                               "set quantize.calibration", field=where)
+    if calibration["source"] == "random":
+        return None
+    if calibration["source"] == "images":
+        files = _image_files(calibration, input_config)
+        used = min(len(files), calibration["batches"] * input_config["shape"][0])
+        if used == len(files):
+            raise MobileBuildError(f"calibration reads all {len(files)} images of {calibration['path']} "
+                                   f"({calibration['batches']} batches of {input_config['shape'][0]}); "
+                                   "calibration-holdout needs images it does not read: add images, or lower "
+                                   "quantize.calibration.batches", field=where)
+        return torch.stack([_read_image(file, calibration, input_config) for file in files[used:used + samples]])
+    spec, at = calibration["function"], "quantize.calibration.function"
+    produced = modeling.call_user(modeling.resolve_callable(spec, at), spec, at, **calibration["kwargs"])
+    kept, rows = [], 0
+    for batch in _user_batches(itertools.islice(iter(produced), calibration["batches"], None), spec, at):
+        if not isinstance(batch, torch.Tensor):
+            raise MobileBuildError(f"calibration-holdout verifies on tensor batches; {spec} yields "
+                                   f"{type(batch).__name__}", field=where)
+        kept.append(batch)
+        rows += len(batch)
+        if rows >= samples:
+            break
+    if not kept:
+        raise MobileBuildError(f"{spec} yields nothing after calibration's {calibration['batches']} batches: "
+                               "calibration-holdout needs more, or lower quantize.calibration.batches", field=where)
+    return torch.cat(kept)[:samples]
 
 
 def field(calibration):
