@@ -51,3 +51,12 @@ def test_failures_name_the_metric_value_and_limit():
     assert metrics.failures(found, {"sqnr_db": 20, "cosine": 0.99, "max_rel_error": 0.1, "top1_agreement": 1.0}) \
         == ["max_rel_error 0.3333 > 0.1", "sqnr_db 14.77 < 20"]
     assert metrics.failures(found, {"sqnr_db": 10}) == []
+
+
+def test_thresholds_looser_than_the_defaults_are_relaxed_whichever_their_direction():
+    defaults = {"sqnr_db": 15, "cosine": 0.98, "max_rel_error": 0.5, "top1_agreement": 0.8, "accuracy_drop": 0.02}
+    used = {**defaults, "sqnr_db": 10, "max_rel_error": 0.6, "cosine": 0.99, "accuracy_drop": 0.01}
+    assert metrics.relaxed(used, defaults) == {"sqnr_db": {"used": 10, "default": 15},
+                                               "max_rel_error": {"used": 0.6, "default": 0.5}}
+    assert metrics.relaxed(defaults, defaults) == {}
+    assert metrics.relaxed(used, None) == {}

@@ -415,3 +415,15 @@ def test_report_does_not_import_torch():
 
     code = "import sys, mobilebuild.results.report; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_verdict_against_relaxed_thresholds_says_so(tmp_path):
+    manifest = full_manifest()
+    manifest["targets"][1]["status"] = "passed"
+    manifest["verification"]["qnnpack"].update(
+        status="passed", failures=[], relaxed={"sqnr_db": {"used": 10, "default": 15},
+                                               "top1_agreement": {"used": 0.25, "default": 0.8}})
+    _, markdown, html = write([manifest], tmp_path)
+    assert "| passed (relaxed thresholds) |" in markdown and "| passed |" in markdown  # xnnpack's is not
+    assert "RELAXED by the recipe: SQNR dB 10 (default 15), top-1 agreement 0.25 (default 0.8)" in markdown
+    assert "passed (relaxed thresholds)" in html

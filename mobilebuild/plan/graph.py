@@ -11,6 +11,7 @@ from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import routes, stages
 from mobilebuild.plan.chain import ARTIFACTS_DIR, CHAIN, Chain, model_source, out_dir, source_files
 from mobilebuild.plan.node import Node
+from mobilebuild.plan.recipe import default_thresholds
 
 __all__ = ["ARTIFACTS_DIR", "Node", "build", "out_dir", "recipe_nodes", "select_device"]
 
@@ -117,7 +118,9 @@ def _verification(chain, root):
     verify, quantize = chain.recipe.verify, chain.target.quantize
     evaluation = verify.get("evaluation")
     settings = {"samples": verify["samples"], "seed": verify["seed"],
-                "thresholds": verify["thresholds"][chain.precision], "calibration": quantize.get("calibration"),
+                "thresholds": verify["thresholds"][chain.precision],
+                "default_thresholds": default_thresholds(chain.precision),
+                "calibration": quantize.get("calibration"),
                 "calibrated": (chain.quantization or {}).get("mode") == "static"}
     files = source_files(root, chain.recipe.model.get("factory"),
                          evaluation.get("function") if isinstance(evaluation, dict) else None)

@@ -83,6 +83,12 @@ def schema():
     return _schema(tuple(route.key for route in routes.all_routes()))
 
 
+def default_thresholds(precision):
+    """The verification thresholds a recipe gets for `precision` when it sets none: the schema's defaults."""
+    levels = schema()["properties"]["verify"]["properties"]["thresholds"]["properties"]
+    return {name: spec["default"] for name, spec in levels[precision]["properties"].items()}
+
+
 @functools.lru_cache(maxsize=None)
 def _schema(route_keys):
     found = json.loads(SCHEMA_PATH.read_bytes())

@@ -131,6 +131,7 @@ class VerifyConfig:
     samples: int
     seed: int
     thresholds: dict
+    default_thresholds: dict | None = None  # what a recipe that sets none gets: looser ones are marked relaxed
     evaluation: dict | str | None = None  # a function, or "calibration-holdout"
     calibration: dict | None = None  # the calibration source, for calibration-holdout and the data mismatch note
     calibrated: bool = False  # whether the artifact was calibrated (static int8)

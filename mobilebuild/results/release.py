@@ -39,7 +39,7 @@ RELEASE_FILE = "release.json"
 FORMAT = 1
 DEFAULT_OUT = "release"
 RUN_DOIT_FIRST = "run `doit` first"
-VERIFICATION_KEYS = ("status", "reason", "data", "samples", "metrics", "thresholds", "failures")
+VERIFICATION_KEYS = ("status", "reason", "data", "samples", "metrics", "thresholds", "relaxed", "failures")
 BENCHMARK_KEYS = ("status", "reason", "median_ms", "p10_ms", "p90_ms", "threads", "iters", "warmup", "host")
 TARGET_KEYS = ("backend", "runtime", "precision", "quantization", "pruning", "delegate")
 # Build state and local environments: never part of the sources a scratch build starts from.

@@ -124,7 +124,7 @@ def _status(target, verification):
     state = target.get("status") or _get(verification, "status") or "not verified"
     reason = target.get("reason") or _get(verification, "reason")
     if state == "passed":
-        return state, "passed"
+        return state, "passed (relaxed thresholds)" if _get(verification, "relaxed") else "passed"
     if state == "failed":
         return state, "FAILED"
     return str(state), f"{state} ({reason})" if reason else str(state)
@@ -202,6 +202,15 @@ def _pairs(mapping):
 
 def _reasoned(status, reason):
     return f"{status} ({reason})" if reason else str(status)
+
+
+def _relaxed(relaxed):
+    """What the recipe relaxed, against the defaults: a verdict to read with that in mind."""
+    if not relaxed:
+        return ""
+    shown = ", ".join(f"{THRESHOLDS.get(key, (key, ':'))[0]} {_dict(values).get('used')} (default "
+                      f"{_dict(values).get('default')})" for key, values in relaxed.items())
+    return f"; RELAXED by the recipe: {shown}"
 
 
 def _thresholds(thresholds):
@@ -361,7 +370,8 @@ def _notes(rows):
 
     verified = _grouped(
         (row.label, f"{_text(_get(row.verification, 'samples'))} {_text(_get(row.verification, 'data'))} samples; "
-                    f"thresholds: {_thresholds(_dict(_get(row.verification, 'thresholds'))) or NONE}")
+                    f"thresholds: {_thresholds(_dict(_get(row.verification, 'thresholds'))) or NONE}"
+                    f"{_relaxed(_dict(_get(row.verification, 'relaxed')))}")
         for row in rows[1:] if isinstance(_get(row.verification, "metrics"), dict))  # only what was checked
     notes.extend(f"verification ({', '.join(labels)}): {text}" for text, labels in verified.items())
     mismatched = _grouped((row.label, _get(row.verification, "data_note")) for row in rows[1:]

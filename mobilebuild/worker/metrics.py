@@ -85,6 +85,17 @@ def json_safe(found):
     return {k: v if v is None or math.isfinite(v) else None for k, v in found.items()}
 
 
+def relaxed(thresholds, defaults):
+    """{metric: {"used", "default"}} for each threshold looser than its default: a verdict against it is weaker than
+    the word "passed" suggests, and the report says so."""
+    looser = {}
+    for name, used in sorted(thresholds.items()):
+        default = (defaults or {}).get(name)
+        if default is not None and ((name in AT_LEAST and used < default) or (name in AT_MOST and used > default)):
+            looser[name] = {"used": used, "default": default}
+    return looser
+
+
 def failures(found, thresholds):
     """One readable line per threshold missed; metrics that do not apply (None) are not judged."""
     missed = []

@@ -85,7 +85,8 @@ def _worst(found):
 def run(inputs, config, output):
     result = {"artifact_sha256": store.sha256_file(inputs["artifact"]),
               "status": "not run on host", "reason": config.host_reason, "precision": config.precision,
-              "data": None, "samples": 0, "metrics": None, "thresholds": config.thresholds, "failures": []}
+              "data": None, "samples": 0, "metrics": None, "thresholds": config.thresholds, "failures": [],
+              "relaxed": metrics.relaxed(config.thresholds, config.default_thresholds)}
     facts = runtimes.inspect(inputs["artifact"], config)
     if facts is not None:
         result["artifact"] = facts
@@ -139,7 +140,9 @@ def _say(result):
     if found["accuracy_reference"] is not None:
         parts.append(f"accuracy {found['accuracy_reference']:.3f} -> {found['accuracy_artifact']:.3f}")
     several = f" ({len(result['outputs'])} outputs, worst: {result['worst_output']})" if "outputs" in result else ""
-    print(f"   {result['status']} on {result['samples']} {result['data']} inputs{several}: {', '.join(parts)}")
+    relaxed = f" (relaxed thresholds: {', '.join(result['relaxed'])})" if result["relaxed"] else ""
+    print(f"   {result['status']}{relaxed} on {result['samples']} {result['data']} inputs{several}: "
+          f"{', '.join(parts)}")
 
 
 def _short(value):
