@@ -51,7 +51,7 @@ def tiny_recipe(name="tiny", **overrides):
         "name": name,
         "model": {"factory": "tinynet:make", "seed": 0, "batchnorm_stats": 2},
         "input": {"shape": [1, 3, 8, 8]},
-        "quantize": {"calibration": {"source": "random", "batches": 2, "seed": 0}},
+        "quantize": {"calibration": {"source": "random", "batches": 16, "seed": 0}},
         "script": "trace",
         "benchmark": {"warmup": 1, "iters": 5},
         "targets": [{"backend": "xnnpack"}, {"backend": "qnnpack"}],

@@ -113,6 +113,12 @@ def test_a_pruned_and_a_dynamic_target_build_beside_the_plain_ones(project):
         "xnnpack": "passed", "qnnpack": "passed", "sparse": "passed", "dyn": "passed"}
     sparsity = manifest["verification"]["sparse"]["sparsity"]
     assert sparsity["overall"] == pytest.approx(0.5, abs=0.01)
+    # judged against the pruned model, and measured against the unpruned one: half the weights gone shows there
+    against = manifest["verification"]["sparse"]["against_unpruned"]
+    assert against["sqnr_db"] < manifest["verification"]["sparse"]["metrics"]["sqnr_db"] - 20
+    assert against["summary"].startswith("top-1 agreement ") and " SQNR " in against["summary"]
+    assert "against_unpruned" not in manifest["verification"]["xnnpack"]
+    assert "against the unpruned fp32 model (sparse): top-1 agreement" in project.artifact("report.md").read_text()
     benchmarks = manifest["benchmarks"]
     assert benchmarks["sparse"]["artifact_compressed_bytes"] < benchmarks["xnnpack"]["artifact_compressed_bytes"]
 

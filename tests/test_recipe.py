@@ -132,6 +132,8 @@ def test_validated_recipes_are_cached_by_content(tmp_path, monkeypatch):
     monkeypatch.setattr(recipe, "_validator", no_validation)
     (again,) = recipe.load_all(tmp_path)
     assert again == first
-    path.write_text(path.read_text().replace("batches: 2", "batches: 3"))
+    edited = path.read_text().replace("batches: 16", "batches: 3")
+    assert edited != path.read_text()
+    path.write_text(edited)
     with pytest.raises(AssertionError, match="validated again"):
         recipe.load_all(tmp_path)

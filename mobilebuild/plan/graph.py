@@ -85,8 +85,10 @@ def recipe_nodes(recipe, root):
         results.append(chain.node(
             "verify", f"{recipe.name}-{target.id}",
             stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune, **verification),
-            # a pruned artifact is checked against the pruned eager model: the build must not change it further
-            {"artifact": final, "checkpoint": chain.nodes.get("prune") or checkpoint},
+            # a pruned artifact is checked against the pruned eager model: the build must not change it further;
+            # and measured against the unpruned one: what pruning cost
+            {"artifact": final, "checkpoint": chain.nodes.get("prune") or checkpoint,
+             **({"unpruned": checkpoint} if "prune" in chain.nodes else {})},
             f"{out}/verify-{target.id}.json", files=verification_files, fields=chain.fields))
         results.append(chain.node(
             "bench", f"{recipe.name}-{target.id}",

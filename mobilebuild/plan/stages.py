@@ -263,7 +263,8 @@ for _stage in (
     Stage("export", ExportConfig, {"model": ("fuse",)},
           "ONNX models (.onnx), int8 through onnxruntime's static quantization.", "#a2c4c9",
           plan=f"{CHAINS}:export"),
-    Stage("verify", VerifyConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint", "prune")},
+    Stage("verify", VerifyConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint", "prune"),
+                                   "unpruned": ("checkpoint",)},
           "Compare each artifact with the fp32 eager model in its runtime (SQNR, cosine, max error, top-1, "
           "accuracy); fails for results below the recipe's thresholds.", "#d9d2e9"),
     Stage("bench", BenchConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint",)},

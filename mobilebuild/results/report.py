@@ -377,6 +377,10 @@ def _notes(rows):
     mismatched = _grouped((row.label, _get(row.verification, "data_note")) for row in rows[1:]
                           if _get(row.verification, "data_note"))
     notes.extend(f"verification data ({', '.join(labels)}): {text}" for text, labels in mismatched.items())
+    for row in rows[1:]:  # what pruning cost, beside the verdict against the pruned model
+        summary = _get(_get(row.verification, "against_unpruned"), "summary")
+        if summary:
+            notes.append(f"against the unpruned fp32 model ({row.label}): {summary}")
     notes.extend(_fallbacks(rows))
     return notes
 

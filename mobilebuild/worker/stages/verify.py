@@ -54,23 +54,27 @@ def run_in_batches(model, inputs, batch):
     return [(name, torch.cat([chunk[index][1] for chunk in chunks])) for index, name in enumerate(names)], usable
 
 
-def verify(artifact, reference, config, inputs, labels):
-    """{output name: its metrics} for every output of the eager model, compared position by position with the
-    artifact's; labels judge the first output that holds class scores."""
+def verify(artifact, references, config, inputs, labels):
+    """For each eager model of `references`, {output name: its metrics} for every one of its outputs, compared
+    position by position with the artifact's (which runs once); labels judge the first output that holds class
+    scores. Also returns how many inputs were usable."""
     batch = config.input["shape"][0]
-    expected, usable = run_in_batches(reference, inputs, batch)
     try:
-        produced, _ = run_in_batches(artifact, inputs, batch)
+        produced, usable = run_in_batches(artifact, inputs, batch)
     except (RuntimeError, NotImplementedError) as exc:
         raise MobileBuildError(f"the artifact fails on the host: {modeling.first_line(exc)}",
                                field="targets") from None
-    if len(produced) != len(expected):
-        raise MobileBuildError(f"the artifact returns {len(produced)} tensor(s), the eager model {len(expected)} "
-                               f"({', '.join(name for name, _ in expected)})", field="targets")
-    scores = next((name for name, values in expected if metrics.is_classifier_output(values)), None)
-    found = {name: metrics.compare(values, output, labels[:usable] if labels is not None and name == scores else None)
-             for (name, values), (_, output) in zip(expected, produced)}
-    return found, usable
+    compared = []
+    for reference in references:
+        expected, _ = run_in_batches(reference, inputs, batch)
+        if len(produced) != len(expected):
+            raise MobileBuildError(f"the artifact returns {len(produced)} tensor(s), the eager model "
+                                   f"{len(expected)} ({', '.join(name for name, _ in expected)})", field="targets")
+        scores = next((name for name, values in expected if metrics.is_classifier_output(values)), None)
+        compared.append({name: metrics.compare(values, output,
+                                               labels[:usable] if labels is not None and name == scores else None)
+                         for (name, values), (_, output) in zip(expected, produced)})
+    return compared, usable
 
 
 def _worst(found):
@@ -100,7 +104,10 @@ def run(inputs, config, output):
             result["data_note"] = note
             print(f"   note: {note}")
         artifact = runtimes.load(inputs["artifact"], config)
-        found, samples = verify(artifact, reference, config, data, labels)
+        references = [reference]
+        if "unpruned" in inputs:
+            references.append(modeling.restore_model(config.model, inputs["unpruned"]))
+        (found, *unpruned), samples = verify(artifact, references, config, data, labels)
         missed = [f"{name}: {line}" if len(found) > 1 else line
                   for name, values in found.items() for line in metrics.failures(values, config.thresholds)]
         worst = _worst(found)
@@ -109,6 +116,9 @@ def run(inputs, config, output):
         if len(found) > 1:  # a lone output keeps the result as it was: its metrics are the result's
             result.update(worst_output=worst,
                           outputs={name: metrics.json_safe(values) for name, values in found.items()})
+        if unpruned:  # what pruning cost: the artifact against the model before pruning, not judged
+            against = metrics.json_safe(unpruned[0][worst])
+            result["against_unpruned"] = {**against, "summary": unpruned_summary(against)}
     if config.pruning:
         state = modeling.load_state_dict_file(inputs["checkpoint"], field="prune")
         result["sparsity"] = prune.sparsity(state, config.pruning.get("modules"))
@@ -143,6 +153,22 @@ def _say(result):
     relaxed = f" (relaxed thresholds: {', '.join(result['relaxed'])})" if result["relaxed"] else ""
     print(f"   {result['status']}{relaxed} on {result['samples']} {result['data']} inputs{several}: "
           f"{', '.join(parts)}")
+    if "against_unpruned" in result:
+        print(f"   against the unpruned model: {result['against_unpruned']['summary']}")
+
+
+def unpruned_summary(found):
+    """What pruning cost, in a few words: accuracy (with its loss in points), agreement and SQNR against the model
+    before pruning."""
+    parts = []
+    if found.get("accuracy_reference") is not None:
+        loss = (found["accuracy_reference"] - found["accuracy_artifact"]) * 100
+        parts.append(f"accuracy {found['accuracy_reference']:.3f} -> {found['accuracy_artifact']:.3f} "
+                     f"({-loss:+.1f} points)")
+    if found.get("top1_agreement") is not None:
+        parts.append(f"top-1 agreement {found['top1_agreement']:.3f}")
+    parts.append(f"SQNR {_short(found.get('sqnr_db'))} dB")
+    return ", ".join(parts)
 
 
 def _short(value):
