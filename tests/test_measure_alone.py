@@ -18,7 +18,8 @@ def private_lock_folder(tmp_path, monkeypatch):
 
 
 def _hold(kind, entered, release):
-    section = measure_alone.measuring_alone("model") if kind == "measure" else measure_alone.stage_running()
+    section = measure_alone.measuring_alone("model") if kind == "measure" else measure_alone.stage_running(
+        "quantize:other")
     with section:
         entered.set()
         release.wait(WAIT)
@@ -59,7 +60,9 @@ def test_a_measurement_waits_for_running_stages_and_holds_off_new_ones(capfd):
     stage = Holder("stage")
     assert stage.entered.wait(WAIT)
     measurement = Holder("measure")
-    assert "model: waiting for running stages to finish (benchmarks measure alone)" in _printed(capfd, "waiting")
+    printed = _printed(capfd, "waiting")
+    assert "model: waiting for running stages to finish (benchmarks measure alone): quantize:other in " in printed
+    assert f"(pid {stage.process.pid})" in printed  # which process, in which checkout: perhaps another build's
     assert not measurement.entered.is_set()  # it cannot be inside while the stage runs
     late_stage = Holder("stage")  # arrives while the measurement waits: it must not overtake it
     assert not late_stage.entered.wait(1)

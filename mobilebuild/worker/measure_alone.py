@@ -15,10 +15,44 @@ import tempfile
 from pathlib import Path
 
 
-def _lock_file(name):
+def _folder():
     folder = Path(tempfile.gettempdir(), f"mobilebuild-{os.getuid()}")
     folder.mkdir(exist_ok=True)
-    return open(folder / name, "a")
+    return folder
+
+
+def _lock_file(name):
+    return open(_folder() / name, "a")
+
+
+@contextlib.contextmanager
+def _named(task):
+    """A note of who runs a stage (task, checkout, pid), while it runs: a waiting measurement names what it waits for,
+    another checkout's build included."""
+    holders = _folder() / "stages"
+    holders.mkdir(exist_ok=True)
+    note = holders / f"{os.getpid()}-{id(task)}"
+    note.write_text(f"{task or 'a stage'} in {os.getcwd()} (pid {os.getpid()})")
+    try:
+        yield
+    finally:
+        note.unlink(missing_ok=True)
+
+
+def _running():
+    """What the notes of running stages say, those of live processes only (a killed one leaves its note)."""
+    found = []
+    for note in sorted((_folder() / "stages").glob("*")):
+        pid = int(note.name.split("-")[0]) if note.name.split("-")[0].isdigit() else None
+        try:
+            if pid is not None:
+                os.kill(pid, 0)
+            found.append(note.read_text())
+        except (ProcessLookupError, FileNotFoundError):
+            note.unlink(missing_ok=True)
+        except (PermissionError, OSError):
+            continue
+    return found
 
 
 @contextlib.contextmanager
@@ -31,13 +65,15 @@ def _locked(handle, mode):
 
 
 @contextlib.contextmanager
-def stage_running():
-    """Around a stage: waits while a measurement runs, and lets other stages run alongside."""
+def stage_running(task=None):
+    """Around a stage (`task`, for a waiting measurement's message): waits while a measurement runs, and lets other
+    stages run alongside."""
     with _lock_file("turnstile.lock") as turnstile, _lock_file("stages.lock") as stages:
         with _locked(turnstile, fcntl.LOCK_EX):
             fcntl.flock(stages, fcntl.LOCK_SH)
         try:
-            yield
+            with _named(task):
+                yield
         finally:
             fcntl.flock(stages, fcntl.LOCK_UN)
 
@@ -50,8 +86,10 @@ def measuring_alone(label):
         try:
             fcntl.flock(stages, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"   {label}: waiting for running stages to finish (benchmarks measure alone)", file=sys.stderr,
-                  flush=True)
+            running = _running()
+            shown = "; ".join(running[:2]) + (f"; and {len(running) - 2} more" if len(running) > 2 else "")
+            print(f"   {label}: waiting for running stages to finish (benchmarks measure alone)"
+                  f"{': ' + shown if shown else ''}", file=sys.stderr, flush=True)
             fcntl.flock(stages, fcntl.LOCK_EX)
         try:
             yield

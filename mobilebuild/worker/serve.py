@@ -76,7 +76,7 @@ def handle(request):
     if measures is None:
         measures = stages.get(request["stage"]).measures
     # a stage that measures takes the host lock itself, for its measurement only
-    alongside = contextlib.nullcontext() if measures else measure_alone.stage_running()
+    alongside = contextlib.nullcontext() if measures else measure_alone.stage_running(request.get("task"))
     with contextlib.redirect_stdout(printed), alongside:
         reply = _outcome(request)
     sys.stderr.flush()
