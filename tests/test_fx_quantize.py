@@ -113,8 +113,10 @@ def test_what_stays_float_is_named():
 @pytest.mark.slow
 def test_a_model_without_stubs_builds_and_verifies_int8_on_qnnpack(project):
     (project.root / "residual.py").write_text(RESIDUAL)
+    # 32 batches: on 8, held-out inputs gave 12.2 dB (a pass at 15 dB only when verified on the calibration batches)
     project.write_recipe(tiny_recipe(model={"factory": "residual:make", "seed": 0, "batchnorm_stats": 2},
-                                     quantize={"calibration": CALIBRATION}, targets=[{"backend": "qnnpack"}]))
+                                     quantize={"calibration": {**CALIBRATION, "batches": 32}},
+                                     targets=[{"backend": "qnnpack"}]))
     result = project.run()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "quantized in FX graph mode" in result.stdout

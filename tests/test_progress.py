@@ -23,7 +23,7 @@ def test_lowering_export_and_benchmarks_say_what_they_are_doing(project):
     assert result.returncode == 0, result.stderr
     assert notes(result.stderr, "bench:tiny-et-int8")[-1] == "5/5 iterations"
     assert notes(result.stderr, "lower:tiny-et-int8") == [
-        "quantizing, calibrated on 2 batches", "torch.export", "lowering to XNNPACK", "writing the ExecuTorch program"]
+        "quantizing, calibrated on 16 batches", "torch.export", "lowering to XNNPACK", "writing the ExecuTorch program"]
     assert notes(result.stderr, "export:tiny-onnx-int8") == [
         "torch.onnx.export", "quantizing with ONNX Runtime's quantize_static"]
 

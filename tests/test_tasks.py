@@ -36,7 +36,7 @@ def test_touching_without_changing_rebuilds_nothing(project):
 def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     project.write_recipe(tiny_recipe())
     project.doit()
-    changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 3, "seed": 0}})
+    changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 24, "seed": 0}})
     project.write_recipe(changed)
     assert project.doit() == ["bench:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
                               "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",

@@ -119,11 +119,13 @@ def _verification(chain, root):
     """(the verify stage's settings from the recipe's `verify` and the target's calibration, the files it reads)."""
     verify, quantize = chain.recipe.verify, chain.target.quantize
     evaluation = verify.get("evaluation")
+    calibrated = (chain.quantization or {}).get("mode") == "static"
     settings = {"samples": verify["samples"], "seed": verify["seed"],
                 "thresholds": verify["thresholds"][chain.precision],
-                "default_thresholds": default_thresholds(chain.precision),
-                "calibration": quantize.get("calibration"),
-                "calibrated": (chain.quantization or {}).get("mode") == "static"}
+                "default_thresholds": default_thresholds(chain.precision), "calibrated": calibrated,
+                # only where it matters: a new calibration re-verifies what it made, or what verifies on its holdout
+                "calibration": quantize.get("calibration") if calibrated or evaluation == "calibration-holdout"
+                else None}
     files = source_files(root, chain.recipe.model.get("factory"),
                          evaluation.get("function") if isinstance(evaluation, dict) else None)
     if evaluation is not None:
