@@ -26,13 +26,13 @@ def _lock_file(name):
 
 
 @contextlib.contextmanager
-def _named(task):
+def _named(task, root):
     """A note of who runs a stage (task, checkout, pid), while it runs: a waiting measurement names what it waits for,
     another checkout's build included."""
     holders = _folder() / "stages"
     holders.mkdir(exist_ok=True)
     note = holders / f"{os.getpid()}-{id(task)}"
-    note.write_text(f"{task or 'a stage'} in {os.getcwd()} (pid {os.getpid()})")
+    note.write_text(f"{task or 'a stage'} in {root or 'this checkout'} (pid {os.getpid()})")
     try:
         yield
     finally:
@@ -65,14 +65,14 @@ def _locked(handle, mode):
 
 
 @contextlib.contextmanager
-def stage_running(task=None):
-    """Around a stage (`task`, for a waiting measurement's message): waits while a measurement runs, and lets other
-    stages run alongside."""
+def stage_running(task=None, root=None):
+    """Around a stage (`task` in the checkout `root`, for a waiting measurement's message): waits while a measurement
+    runs, and lets other stages run alongside."""
     with _lock_file("turnstile.lock") as turnstile, _lock_file("stages.lock") as stages:
         with _locked(turnstile, fcntl.LOCK_EX):
             fcntl.flock(stages, fcntl.LOCK_SH)
         try:
-            with _named(task):
+            with _named(task, root):
                 yield
         finally:
             fcntl.flock(stages, fcntl.LOCK_UN)

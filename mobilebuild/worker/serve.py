@@ -75,8 +75,8 @@ def handle(request):
     measures = request.pop("measures", None)
     if measures is None:
         measures = stages.get(request["stage"]).measures
-    # a stage that measures takes the host lock itself, for its measurement only
-    alongside = contextlib.nullcontext() if measures else measure_alone.stage_running(request.get("task"))
+    alongside = (contextlib.nullcontext() if measures  # one that measures takes the host lock itself, to measure
+                 else measure_alone.stage_running(request.get("task"), request.get("root")))
     with contextlib.redirect_stdout(printed), alongside:
         reply = _outcome(request)
     sys.stderr.flush()
