@@ -3,6 +3,7 @@ tasks (`doit list`, an up-to-date `doit`) stays fast.
 """
 
 import functools
+import json
 import os
 
 from doit.dependency import MD5Checker
@@ -80,6 +81,41 @@ def invalid_recipes(root):
     return {file: [str(problem) for problem in problems] for file, problems in project_graph(root)[1].items()}
 
 
+class KeyChanged(config_changed):
+    """doit's config_changed on a node's key, remembering the key itself: `doit info TASK` then names the settings
+    that changed since the last build (`config.calibration.batches: 16 -> 24`), not the whole key."""
+
+    def configure_task(self, task):
+        super().configure_task(task)
+        task.value_savers.append(lambda: {"_key": self.config})
+
+    def __call__(self, task, values):
+        self.previous = values.get("_key")
+        return super().__call__(task, values)
+
+    def __repr__(self):
+        previous = getattr(self, "previous", None)
+        if previous is None:
+            return "no settings recorded by an earlier build of this task"
+        changed = [f"{path}: {_short(before)} -> {_short(now)}" for path, before, now in _differences(previous,
+                                                                                                  self.config)]
+        return "changed: " + ("; ".join(changed) if changed else "nothing in the key (the previous run failed?)")
+
+
+def _differences(before, now, path=""):
+    """(path, before, now) of every leaf that differs between two JSON values."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key in sorted(set(before) | set(now), key=str):
+            yield from _differences(before.get(key), now.get(key), f"{path}.{key}" if path else str(key))
+    elif before != now:
+        yield path, before, now
+
+
+def _short(value):
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class ObservedFiles:
     """An uptodate check on files a task reads when they exist, without depending on the tasks that make them: a
     release copies what the last build made, whichever of its tasks failed."""
@@ -136,7 +172,7 @@ def _tasks(stage):
                 "io": output_capture(),
                 "file_dep": node.dependencies(),
                 "targets": [node.output],
-                "uptodate": [config_changed(node.key()), TargetIntact(node.output)],
+                "uptodate": [KeyChanged(node.key()), TargetIntact(node.output)],
                 "clean": [(clean_output, [node.output])],
                 "doc": f"{node.output} ({node.recipe_file})",
             }

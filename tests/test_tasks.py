@@ -38,6 +38,8 @@ def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     project.doit()
     changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 24, "seed": 0}})
     project.write_recipe(changed)
+    explained = project.run("info", "quantize:tiny-qnnpack").stdout  # before the build that follows
+    assert "    - changed: config.calibration.batches: 16 -> 24 (args=[], kwargs={})" in explained
     assert project.doit() == ["bench:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
                               "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",
                               "verify:tiny-qnnpack"]
