@@ -1,6 +1,12 @@
 """The one exception type for user mistakes, rendered as a single line at the edge (CLI or doit reporter)."""
 
 
+def few(items, limit=3):
+    """Up to `limit` items for a one-line message, then how many more: "a, b, c and 4 more"."""
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
 class MobileBuildError(Exception):
     """A problem the user can fix: which file, which field, what was expected."""
 

@@ -78,7 +78,7 @@ def project_nodes(root):
 
 def invalid_recipes(root):
     """{recipe file: [its problems, one line each]} of the recipes left out of the build."""
-    return {file: [str(problem) for problem in problems] for file, problems in project_graph(root)[1].items()}
+    return project_graph(root)[1]
 
 
 class KeyChanged(config_changed):

@@ -68,6 +68,7 @@ def write_manifests_despite(blocked, failures):
     by_output = {node.output: node for node in nodes}
     by_task = {node.task_name: node for node in nodes}
     order = {node.task_name: index for index, node in enumerate(nodes)}
+    stopped = blocked | set(failures)
     written = []
     for node in nodes:
         if node.stage != "manifest" or node.task_name not in blocked:
@@ -83,7 +84,7 @@ def write_manifests_despite(blocked, failures):
             continue
         # the files of this run only: one a failed task left from an earlier build is not this build's
         artifacts = [entry for entry in node.settings.artifacts
-                     if not {by_output[entry["path"]].task_name} & (blocked | set(failures))]
+                     if by_output[entry["path"]].task_name not in stopped]
         with store.atomic_output(node.output) as temporary:
             manifest.run({}, dataclasses.replace(node.settings, targets=targets, artifacts=artifacts), temporary)
         written.append(node.recipe)
@@ -114,7 +115,7 @@ def write_report_despite(failures, described=()):
 
     nodes, invalid = project.load(os.getcwd())
     recipes = {node.task_name: node.recipe for node in nodes}
-    unbuilt = {file: [str(problem) for problem in problems] for file, problems in invalid.items()}
+    unbuilt = dict(invalid)
     for name, failure in failures.items():
         if name in recipes and recipes[name] not in described:
             unbuilt.setdefault(recipes[name], []).append(f"{name}: {_first_line(failure)}")

@@ -182,13 +182,6 @@ class Cache:
 
         return self.fetch(digest, {"blob": destination}, check=same_content) is not None
 
-    def has(self, key):
-        """Whether a published entry exists; its blobs are checked only when fetched."""
-        try:
-            return self.fs.exists(posixpath.join(self._entry_dir(key), ENTRY_FILE))
-        except OSError:
-            return False
-
     def _read_entry(self, directory):
         try:
             raw = self.fs.cat_file(posixpath.join(directory, ENTRY_FILE))

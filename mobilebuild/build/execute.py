@@ -16,7 +16,7 @@ from doit.exceptions import TaskFailed
 
 from mobilebuild import store
 from mobilebuild.build import distributed, worker_pool
-from mobilebuild.errors import MobileBuildError
+from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.plan import stages
 
 UNTRUSTED_LOG = ".mobilebuild/cache-untrusted.jsonl"  # this build's ignored cache entries, summed up at its end
@@ -97,13 +97,9 @@ def untrusted_summary():
     reasons = {}
     for record in records:
         reasons.setdefault(record["reason"], []).append(record["task"])
-    parts = [f"{reason}: {_few(tasks)}" for reason, tasks in sorted(reasons.items())]
+    parts = [f"{reason}: {few(tasks)}" for reason, tasks in sorted(reasons.items())]
     return (f"the shared artifact cache held {len(records)} entr{'y' if len(records) == 1 else 'ies'} this build "
             f"did not trust, and rebuilt: {'; '.join(parts)}")
-
-
-def _few(names, limit=3):
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _cache_entry(node):

@@ -10,13 +10,13 @@ def nodes(root):
 
 
 def load(root):
-    """(every node of every valid recipe under `root`, {recipe file: its problems} of the others): an invalid
-    recipe is an error for that recipe alone."""
+    """(every node of every valid recipe under `root`, {recipe file: its problems, one line each} of the others): an
+    invalid recipe is an error for that recipe alone."""
     recipes, problems = recipe.load_each(root)
     nodes, planning = graph.build_each(recipes, root)
     invalid = {}
     for problem in problems + planning:
-        invalid.setdefault(str(problem.file or recipe.RECIPE_DIR), []).append(problem)
+        invalid.setdefault(str(problem.file or recipe.RECIPE_DIR), []).append(str(problem))
     return tuple(nodes), invalid
 
 

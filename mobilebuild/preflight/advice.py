@@ -2,6 +2,8 @@
 on running a target's toolchain: which activations each target fuses into the convolution or linear layer before
 them."""
 
+from mobilebuild.errors import few
+
 KINDS = ("unsupported-op", "fallback", "needs-build", "advice")
 BLOCKING = frozenset(KINDS[:3])
 ALL_TARGETS = "*"
@@ -18,11 +20,6 @@ DISPLAY = {"relu": "ReLU", "relu6": "ReLU6", "hardtanh": "Hardtanh", "hardswish"
 def finding(target, kind, detail, where):
     assert kind in KINDS, kind
     return {"target": target, "kind": kind, "detail": detail, "where": where}
-
-
-def _places(names):
-    shown = ", ".join(names[:SHOWN_PLACES])
-    return shown + (f" and {len(names) - SHOWN_PLACES} more" if len(names) > SHOWN_PLACES else "")
 
 
 # --- activations each target fuses ------------------------------------------------------------------------------
@@ -62,5 +59,5 @@ def activation_findings(target_id, fusion_key, activations):
                     f"{DISPLAY[activation]} does not fuse into the convolution/linear layer before it "
                     f"({len(layers)}x): {who}; it runs as a separate pass over the layer's output (the talk: use "
                     "efficient, fusable activations like ReLU)",
-                    _places(layers))
+                    few(layers, SHOWN_PLACES))
             for activation, layers in unfused.items()]

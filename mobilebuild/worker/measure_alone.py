@@ -43,14 +43,12 @@ def _running():
     """What the notes of running stages say, those of live processes only (a killed one leaves its note)."""
     found = []
     for note in sorted((_folder() / "stages").glob("*")):
-        pid = int(note.name.split("-")[0]) if note.name.split("-")[0].isdigit() else None
         try:
-            if pid is not None:
-                os.kill(pid, 0)
+            os.kill(int(note.name.split("-")[0]), 0)
             found.append(note.read_text())
-        except (ProcessLookupError, FileNotFoundError):
+        except ProcessLookupError:
             note.unlink(missing_ok=True)
-        except (PermissionError, OSError):
+        except (ValueError, OSError):  # not a note of ours; another user's process; removed meanwhile
             continue
     return found
 

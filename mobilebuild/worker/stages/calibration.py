@@ -18,6 +18,11 @@ def batches(calibration, input_config):
                 for i in range(calibration["batches"]))
     if source == "images":
         return _image_batches(calibration, input_config)
+    return _function_batches(calibration, 0, calibration["batches"])
+
+
+def _function_batches(calibration, start, stop):
+    """Batches `start` to `stop` (None: all that follow) of those the user's function yields."""
     spec, at = calibration["function"], "quantize.calibration.function"
     produced = modeling.call_user(modeling.resolve_callable(spec, at), spec, at, **calibration["kwargs"])
     try:
@@ -25,7 +30,7 @@ def batches(calibration, input_config):
     except TypeError:
         raise MobileBuildError(f"{spec} returned {type(produced).__name__}, expected an iterable of input batches",
                                field=at) from None
-    return _user_batches(itertools.islice(stream, calibration["batches"]), spec, at)
+    return _user_batches(itertools.islice(stream, start, stop), spec, at)
 
 
 def _user_batches(stream, spec, at):
@@ -99,10 +104,9 @@ def holdout(calibration, input_config, samples):
                                    "calibration-holdout needs images it does not read: add images, or lower "
                                    "quantize.calibration.batches", field=where)
         return torch.stack([_read_image(file, calibration, input_config) for file in files[used:used + samples]])
-    spec, at = calibration["function"], "quantize.calibration.function"
-    produced = modeling.call_user(modeling.resolve_callable(spec, at), spec, at, **calibration["kwargs"])
+    spec = calibration["function"]
     kept, rows = [], 0
-    for batch in _user_batches(itertools.islice(iter(produced), calibration["batches"], None), spec, at):
+    for batch in _function_batches(calibration, calibration["batches"], None):
         if not isinstance(batch, torch.Tensor):
             raise MobileBuildError(f"calibration-holdout verifies on tensor batches; {spec} yields "
                                    f"{type(batch).__name__}", field=where)

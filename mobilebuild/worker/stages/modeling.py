@@ -10,7 +10,7 @@ import zipfile
 
 import torch
 
-from mobilebuild.errors import MobileBuildError
+from mobilebuild.errors import MobileBuildError, few
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "int32": torch.int32,
           "bool": torch.bool, "uint8": torch.uint8}
@@ -204,20 +204,15 @@ def load_weights(model, path, field):
                   for k in own if k in state and state[k].shape != own[k].shape]
     problems = []
     if missing:
-        problems.append(f"missing keys {_few(missing)}")
+        problems.append(f"missing keys {few(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys {_few(unexpected)}")
+        problems.append(f"unexpected keys {few(unexpected)}")
     if mismatched:
-        problems.append(f"shape mismatch {_few(mismatched)}")
+        problems.append(f"shape mismatch {few(mismatched)}")
     if problems:
         raise MobileBuildError(f"{path} does not match the model: {'; '.join(problems)}", field=field)
     model.load_state_dict(state)
     return model
-
-
-def _few(items, limit=3):
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def save(obj, path):
