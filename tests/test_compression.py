@@ -77,8 +77,8 @@ def test_dynamic_quantization_of_a_linear_model_matches_fp32(tmp_path):
         "torch.ao.nn.intrinsic.quantized.dynamic.modules.linear_relu", "torch.ao.nn.quantized.dynamic.modules.linear",
         "torch.ao.nn.quantized.dynamic.modules.linear"]
     path = tmp_path / "dynamic.ptl"
-    scripted = script.to_torchscript(quantized, "script", x)
-    optimize.optimize(scripted, OPTIONS, "script", {"shape": [8, 32], "dtype": "float32"}) \
+    scripted = script.to_torchscript(quantized, "script", (x,))
+    optimize.optimize(scripted, OPTIONS, "script", [{"name": "input", "shape": [8, 32], "dtype": "float32"}]) \
         ._save_for_lite_interpreter(str(path))
     assert sqnr_db(reference, _load_for_lite_interpreter(str(path))(x)) > 30.0
 
@@ -87,7 +87,8 @@ def test_dynamic_quantization_of_a_linear_model_matches_fp32(tmp_path):
                                              ("per_tensor", torch.per_tensor_affine)])
 def test_weight_granularity_is_selectable(weights, scheme):
     batches = calibration.batches({"source": "random", "batches": 2, "seed": 0},
-                                  {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"})
+                                  [{"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32",
+                                    "memory_format": "contiguous"}])
     quantized = quantize.static(tiny_models.conv_bn(), "qnnpack", batches, weights)
     assert quantized.module[0].weight().qscheme() == scheme
 

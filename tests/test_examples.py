@@ -41,7 +41,7 @@ def eager(root, loaded):
 @pytest.mark.parametrize("name", ["perf_recipe", "mobilenet_v2", "digits"])
 def test_fp32_artifacts_match_eager_and_manifests_are_complete(built, name):
     (loaded,) = [r for r in recipe.load_all(REPO) if r.name == name]
-    x = modeling.example_input(loaded.input, seed=3)
+    (x,) = modeling.example_inputs(loaded.inputs, seed=3)
     with torch.no_grad():
         reference = eager(built, loaded)(x)
     assert reference.abs().max() > 1e-3  # a collapsed model would make any comparison meaningless
@@ -120,3 +120,23 @@ def test_the_report_covers_every_example_with_plots(built):
             assert plot in report and plot in html
             assert (built / "artifacts" / plot).read_bytes().startswith(b"\x89PNG")
     assert "FAILED" not in report
+
+
+def test_the_text_example_takes_any_length_in_range_on_every_target(built):
+    manifest = json.loads((built / "artifacts/topics/manifest.json").read_text())
+    assert [(spec["name"], spec["dtype"], spec["dynamic"][0]["dim"]) for spec in manifest["inputs"]] == [
+        ("ids", "int64", "seq"), ("mask", "int64", "seq")]
+    assert {t["target"] for t in manifest["targets"]} == {"xnnpack", "qnnpack", "xnnpack-executorch", "onnx"}
+    for target in manifest["targets"]:
+        result = manifest["verification"][target["target"]]
+        assert result["status"] == "passed" and target["outputs"][0]["name"] == "scores", target["target"]
+        assert {size: found["shapes"]["ids"] for size, found in result["sizes"].items()} == {
+            "min": [1, 4], "example": [1, 32], "max": [1, 64]}
+        assert result["metrics"]["accuracy_artifact"] > 0.95  # on held-out sentences
+    # a length no check used, on the shipped .ptl: the dim stayed dynamic
+    (loaded,) = [r for r in recipe.load_all(REPO) if r.name == "topics"]
+    ids, mask = (x[:, :50] for x in modeling.example_inputs(loaded.inputs, seed=5, size="max"))
+    with torch.no_grad():
+        reference = eager(built, loaded)(ids, mask)
+    lite = _load_for_lite_interpreter(str(built / "artifacts/topics/topics-xnnpack.ptl"))
+    assert sqnr_db(reference, lite(ids, mask)) > FP32_DB

@@ -22,7 +22,7 @@ from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
 from mobilebuild.worker.stages import export, fuse, modeling
 
 REPO = Path(__file__).resolve().parents[1]
-INPUT = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+INPUT = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
 CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
 FP32_DB = 60.0  # the same function, computed in another order
 INT8_DB = 15.0  # int8 activations and weights
@@ -84,7 +84,7 @@ MODELS = {"conv_bn_relu_linear": ConvBnReluLinear, "residual": Residual}
 
 
 def config(precision, rebuild, calibration=CALIBRATION, weights=None, opset=None):
-    return ExportConfig(precision=precision, calibration=calibration, weights=weights, input=INPUT,
+    return ExportConfig(precision=precision, calibration=calibration, weights=weights, inputs=[INPUT],
                         options={"opset": opset}, **rebuild)
 
 
@@ -107,7 +107,7 @@ def exported(request, tmp_path_factory):
     """One model's eager outputs and its fp32 and int8 exports (exporting is the slow part)."""
     folder = tmp_path_factory.mktemp(request.param)
     model = make(MODELS[request.param])
-    x = modeling.example_input(INPUT, seed=100)  # not one of the calibration batches
+    x = modeling.example_inputs([INPUT], seed=100)[0]  # not one of the calibration batches
     with torch.no_grad():
         reference = model(x)
     fused = fused_file(model, folder)
@@ -160,7 +160,7 @@ def test_exports_are_byte_identical_from_run_to_run(exported, tmp_path):
 def test_the_exporter_embeds_source_paths_that_the_stage_strips(tmp_path):
     """What makes the checkouts test below meaningful: torch.onnx.export records stack traces."""
     model, _ = fuse.fuse(make(ConvBnReluLinear), "auto")
-    raw = torch.onnx.export(model, (modeling.example_input(INPUT),), dynamo=True, verbose=False).model_proto
+    raw = torch.onnx.export(model, modeling.example_inputs([INPUT]), dynamo=True, verbose=False).model_proto
     here = str(Path(__file__).resolve()).encode()
     assert here in raw.SerializeToString()
     assert here not in export.reproducible(raw).SerializeToString()
@@ -228,7 +228,7 @@ def wrong_shape_batches():
 @pytest.mark.parametrize("calibration, message, field", [
     (None, r"needs calibration batches", "quantize.calibration"),
     ({"source": "function", "function": "test_export:wrong_shape_batches", "kwargs": {}, "batches": 2},
-     r"a calibration batch has shape \[1, 3, 8, 8\]; the exported model takes one input of shape \[1, 3, 16, 16\]",
+     r"input input has shape \[1, 3, 8, 8\]: expected \[1, 3, 16, 16\]",
      "quantize.calibration.function"),
 ])
 def test_bad_calibration_is_the_calibration_settings_fault(calibration, message, field, tmp_path):

@@ -13,7 +13,7 @@ from mobilebuild.build import fetched
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker.stages import calibration, fuse, modeling, quantize
 
-INPUT = {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+INPUTS = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
 
 
 class Payload:
@@ -33,8 +33,8 @@ def stage_outputs(folder):
     files = {"checkpoint": model.state_dict()}
     fused, _ = fuse.fuse(model, "auto")
     files["fused"] = fused.state_dict()
-    batches = calibration.batches({"source": "random", "batches": 2, "seed": 0}, INPUT)
-    files["eager int8"] = quantize.static(fused, "qnnpack", batches, "per_channel", input_config=INPUT).state_dict()
+    batches = calibration.batches({"source": "random", "batches": 2, "seed": 0}, INPUTS)
+    files["eager int8"] = quantize.static(fused, "qnnpack", batches, "per_channel", specs=INPUTS).state_dict()
     files["fx int8"] = {quantize.GRAPH_MODE: "fx", "state_dict": files["eager int8"]}
     files["dynamic int8"] = {"mode": "dynamic"}
     files["fp16"] = nn.Linear(2, 2).half().state_dict()

@@ -15,7 +15,7 @@ from torch import nn
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker.stages import calibration, fuse, modeling, quantize
 
-INPUT = {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+INPUTS = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
 CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
 
 RESIDUAL = textwrap.dedent('''
@@ -59,21 +59,21 @@ def residual(tmp_path, monkeypatch):
 
 
 def batches():
-    return calibration.batches(CALIBRATION, INPUT)
+    return calibration.batches(CALIBRATION, INPUTS)
 
 
 def test_eager_mode_failing_falls_back_to_fx_graph_mode_and_the_stored_model_is_rebuilt(tmp_path, residual):
     model = residual()
     stored_fused(model, tmp_path / "fused.pt", factory="residual_model:make")
-    quantized, note = quantize.static_any(model, "qnnpack", batches, None, "quantize.calibration", INPUT)
+    quantized, note = quantize.static_any(model, "qnnpack", batches, None, "quantize.calibration", INPUTS)
     assert isinstance(quantized, torch.fx.GraphModule)
     assert note.startswith("eager mode cannot quantize it (fails on the qnnpack engine in Tensor.add")
     assert note.endswith("quantized in FX graph mode; operations kept float: none")
     modeling.save({quantize.GRAPH_MODE: "fx", "state_dict": quantized.state_dict()}, tmp_path / "quantized.pt")
-    stage = SimpleNamespace(engine="qnnpack", quantization={"mode": "static", "weights": None}, input=INPUT,
+    stage = SimpleNamespace(engine="qnnpack", quantization={"mode": "static", "weights": None}, inputs=INPUTS,
                             model={"factory": "residual_model:make"}, fuse="auto")
     rebuilt = quantize.load_quantized({"model": tmp_path / "fused.pt", "quantized": tmp_path / "quantized.pt"}, stage)
-    example = modeling.example_input(INPUT, seed=5)
+    example = modeling.example_inputs(INPUTS, seed=5)[0]
     with torch.no_grad():
         assert torch.equal(quantized(example), rebuilt(example))
         reference = residual()(example)
@@ -93,7 +93,7 @@ def test_a_model_written_for_eager_mode_keeps_its_error():
             return self.dequant(self.conv(x) + x)
 
     with pytest.raises(MobileBuildError, match="in Tensor.add .*use torch.ao.nn.quantized.FloatFunctional"):
-        quantize.static_any(Stubbed().eval(), "qnnpack", batches, None, "quantize.calibration", INPUT)
+        quantize.static_any(Stubbed().eval(), "qnnpack", batches, None, "quantize.calibration", INPUTS)
 
 
 def test_what_stays_float_is_named():
@@ -106,7 +106,7 @@ def test_what_stays_float_is_named():
         def forward(self, x):
             return self.act(self.conv(x))
 
-    _, note = quantize.static_any(WithSilu().eval(), "qnnpack", batches, None, "quantize.calibration", INPUT)
+    _, note = quantize.static_any(WithSilu().eval(), "qnnpack", batches, None, "quantize.calibration", INPUTS)
     assert note.endswith("operations kept float: SiLU x1")
 
 

@@ -35,29 +35,34 @@ TEXT = textwrap.dedent('''
 
 
 def spec(dtype, shape=(2, 64), **extra):
-    return {"shape": list(shape), "dtype": dtype, "memory_format": "contiguous", **extra}
+    return {"name": "input", "shape": list(shape), "dtype": dtype, "memory_format": "contiguous", **extra}
+
+
+def example(input_spec, seed=0):
+    """The one input's example tensor."""
+    return modeling.example_inputs([input_spec], seed=seed)[0]
 
 
 def test_integer_inputs_stay_in_their_range_and_are_seeded():
-    ids = modeling.example_input(spec("int64", range=[5, 9]), seed=3)
+    ids = example(spec("int64", range=[5, 9]), seed=3)
     assert ids.dtype == torch.int64 and 5 <= ids.min() and ids.max() < 9
     assert set(ids.unique().tolist()) == {5, 6, 7, 8}
-    assert torch.equal(ids, modeling.example_input(spec("int64", range=[5, 9]), seed=3))
-    assert not torch.equal(ids, modeling.example_input(spec("int64", range=[5, 9]), seed=4))
-    pixels = modeling.example_input(spec("uint8"))
+    assert torch.equal(ids, example(spec("int64", range=[5, 9]), seed=3))
+    assert not torch.equal(ids, example(spec("int64", range=[5, 9]), seed=4))
+    pixels = example(spec("uint8"))
     assert pixels.dtype == torch.uint8 and pixels.max() > 200  # a byte's whole range by default
-    assert modeling.example_input(spec("bool")).dtype == torch.bool
-    assert modeling.example_input(spec("int32", range=[0, 2])).dtype == torch.int32
+    assert example(spec("bool")).dtype == torch.bool
+    assert example(spec("int32", range=[0, 2])).dtype == torch.int32
 
 
 def test_float_inputs_draw_from_their_distribution():
-    default = modeling.example_input(spec("float32"), seed=1)
+    default = example(spec("float32"), seed=1)
     assert torch.equal(default, torch.randn([2, 64], generator=torch.Generator().manual_seed(1)))  # as before
-    uniform = modeling.example_input(spec("float32", distribution={"uniform": {"low": 0.0, "high": 1.0}}))
+    uniform = example(spec("float32", distribution={"uniform": {"low": 0.0, "high": 1.0}}))
     assert 0.0 <= uniform.min() and uniform.max() < 1.0
-    shifted = modeling.example_input(spec("float32", shape=(64, 64), distribution={"normal": {"mean": 10, "std": 0.5}}))
+    shifted = example(spec("float32", shape=(64, 64), distribution={"normal": {"mean": 10, "std": 0.5}}))
     assert 9.5 < shifted.mean() < 10.5 and 0.4 < shifted.std() < 0.6
-    assert modeling.example_input(spec("float16")).dtype == torch.float16
+    assert example(spec("float16")).dtype == torch.float16
 
 
 def test_a_bundled_integer_input_is_inflated_within_its_range():
@@ -69,8 +74,8 @@ def test_a_bundled_integer_input_is_inflated_within_its_range():
 def test_static_eager_quantization_of_token_ids_says_to_use_dynamic(tmp_path):
     namespace = {}
     exec(TEXT, namespace)  # noqa: S102 - the test's own model source
-    with pytest.raises(MobileBuildError, match="takes int64 values \\(input.dtype\\): use quantize.mode: dynamic"):
-        quantize.static(namespace["make"](), "qnnpack", [], input_config=spec("int64", shape=(1, 16), range=[0, 100]))
+    with pytest.raises(MobileBuildError, match=r"takes input \[1, 16\] int64: use quantize.mode: dynamic"):
+        quantize.static(namespace["make"](), "qnnpack", [], specs=[spec("int64", shape=(1, 16), range=[0, 100])])
 
 
 @pytest.mark.slow
@@ -97,7 +102,8 @@ def test_a_text_classifier_on_token_ids_builds_for_every_host_route(project):
         assert benchmark["status"] == "ran", (target, benchmark)
     manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
     assert {t["target"]: t["quantization"] for t in manifest["targets"]}["qnnpack"]["mode"] == "dynamic"
-    assert manifest["input"] == {"shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous"}
+    assert manifest["inputs"] == [{"name": "input", "shape": [1, 16], "dtype": "int64", "range": [0, 100],
+                                   "memory_format": "contiguous"}]
     assert all(t["outputs"] == [{"name": "output", "shape": [1, 4], "dtype": "float32"}] for t in manifest["targets"])
 
 
@@ -106,7 +112,7 @@ def test_a_forward_with_optional_masks_gets_its_bundled_input():
     layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True, dropout=0.0)
     scripted = torch.jit.script(torch.nn.TransformerEncoder(layer, num_layers=1).eval())
     options = {"blocklist": [], "preserved_methods": [], "bundled_inputs": True}
-    optimized = optimize.optimize(scripted, options, "script", spec("float32", shape=(1, 4, 8)))
+    optimized = optimize.optimize(scripted, options, "script", [spec("float32", shape=(1, 4, 8))])
     (inputs,) = optimized.get_all_bundled_inputs()
     assert list(inputs[0].shape) == [1, 4, 8] and inputs[1:] == (None, None, None)
     assert optimized(*inputs).shape == (1, 4, 8)

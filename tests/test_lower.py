@@ -21,7 +21,7 @@ from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import executorch as et_runtime
 from mobilebuild.worker.stages import fuse, lower, modeling
 
-NCHW = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+NCHW = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
 NHWC = {**NCHW, "memory_format": "channels_last"}
 RANDOM_CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
 
@@ -81,7 +81,7 @@ def lower_stage(tmp_path, model, delegate, precision="fp32", input_config=NCHW, 
     model_path = tmp_path / "fused.pt"
     rebuild = stored_fused(model, model_path)
     output = tmp_path / f"{delegate}-{precision}.pte"
-    config = LowerConfig(delegate=delegate, precision=precision, calibration=calibration, input=input_config,
+    config = LowerConfig(delegate=delegate, precision=precision, calibration=calibration, inputs=[input_config],
                          options=options or {}, **rebuild)
     message = lower.run({"model": model_path}, config, output)
     return output, message
@@ -89,8 +89,8 @@ def lower_stage(tmp_path, model, delegate, precision="fp32", input_config=NCHW, 
 
 def eager_and_program(tmp_path, model, input_config, **kwargs):
     path, message = lower_stage(tmp_path, model, "xnnpack", input_config=input_config, **kwargs)
-    program = et_runtime.load(path, SimpleNamespace(input=input_config, timing={"threads": 1}))
-    example = modeling.example_input(input_config, seed=7)
+    program = et_runtime.load(path, SimpleNamespace(inputs=[input_config], timing={"threads": 1}))
+    example = modeling.example_inputs([input_config], seed=7)[0]
     with torch.no_grad():
         return model(example), program(example), path, message
 
@@ -121,7 +121,7 @@ def test_the_runtimes_cpu_probing_notes_stay_out_of_the_logs_and_the_rest_does_n
     pool (verification leaves it so): only a fresh process shows whether that reaches the build's log."""
     torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), tmp_path / "model.pt")
     (tmp_path / "model.pte").write_bytes(lower.lower_to_bytes(torch.load(tmp_path / "model.pt", weights_only=False),
-                                                            {**NCHW, "shape": [1, 3, 8, 8]}, "xnnpack"))
+                                                            [{**NCHW, "shape": [1, 3, 8, 8]}], "xnnpack"))
     result = subprocess.run([sys.executable, "-c", RUN_IN_A_FRESH_PROCESS, str(tmp_path / "model.pte")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -138,8 +138,8 @@ def test_a_channels_last_input_config_still_gives_an_nchw_program_fully_delegate
     assert pte.read(path).delegation["fallback_calls"] == 0
     assert sqnr_db(reference, output) > 60
     # the runtime converts whatever layout it is given: a channels_last tensor gives the same numbers
-    program = et_runtime.load(path, SimpleNamespace(input=NHWC))
-    assert sqnr_db(reference, program(modeling.example_input(NHWC, seed=7))) > 60
+    program = et_runtime.load(path, SimpleNamespace(inputs=[NHWC]))
+    assert sqnr_db(reference, program(*modeling.example_inputs([NHWC], seed=7))) > 60
 
 
 def test_xnnpack_int8_with_calibration_matches_reasonably(tmp_path):
@@ -150,7 +150,7 @@ def test_xnnpack_int8_with_calibration_matches_reasonably(tmp_path):
 
 
 def test_int8_calibration_batches_of_the_wrong_shape_name_the_calibration(tmp_path, monkeypatch):
-    monkeypatch.setattr(lower.calibration, "batches", lambda calibration, config: [torch.randn(1, 3, 8, 8)])
+    monkeypatch.setattr(lower.calibration, "batches", lambda calibration, specs: [(torch.randn(1, 3, 8, 8),)])
     with pytest.raises(MobileBuildError) as caught:
         lower_stage(tmp_path, fused(conv_bn()), "xnnpack", "int8", calibration=RANDOM_CALIBRATION)
     assert caught.value.field == "quantize.calibration"
@@ -170,7 +170,7 @@ def test_gpu_and_apple_delegates_lower_and_are_refused_on_the_host(tmp_path, del
     assert summary["delegation"]["delegates"] == {backend: 1}
     assert summary["bytes"] == path.stat().st_size
     with pytest.raises(MobileBuildError) as caught:
-        et_runtime.load(path, SimpleNamespace(input=NCHW))
+        et_runtime.load(path, SimpleNamespace(inputs=[NCHW]))
     assert caught.value.field == "targets" and backend in caught.value.message
 
 
@@ -182,8 +182,8 @@ def test_delegation_counts_fallback_operators(tmp_path):
     assert summary["fallback_ops"]["aten::flip.out"] == 1
     assert summary["fallback_calls"] == sum(summary["fallback_ops"].values())
     assert message is None  # partly delegated is a result, not a failure
-    # the pre-flight check lowers in memory and sees the same
-    assert lower.preflight_delegation(WithUnsupportedOps().eval(), NCHW, "xnnpack") == summary
+    # the pre-flight check lowers in memory and sees the same, and that the program loads (no kernel missing)
+    assert lower.preflight_delegation(WithUnsupportedOps().eval(), [NCHW], "xnnpack") == {**summary, "load_error": None}
 
 
 def test_a_program_with_nothing_delegated_is_flagged(tmp_path):
@@ -199,9 +199,9 @@ SUBPROCESS_LOWERING = textwrap.dedent("""
     from mobilebuild.worker.stages import lower
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5)).eval()
-    config = {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+    specs = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
     for delegate in ("xnnpack", "coreml"):
-        Path(delegate + ".pte").write_bytes(lower.lower_to_bytes(model, config, delegate))
+        Path(delegate + ".pte").write_bytes(lower.lower_to_bytes(model, specs, delegate))
     print(os.environ.get("FLATC_EXECUTABLE", ""))
 """)
 
@@ -245,7 +245,7 @@ def test_core_ml_lowerings_of_one_model_never_share_a_scratch_directory(monkeypa
         return save_metadata(model_metadata=model_metadata, model_dir_path=model_dir_path)
 
     monkeypatch.setattr(backend, "save_model_metadata", staticmethod(recording))
-    programs = [lower.lower_to_bytes(conv_bn(), NCHW, "coreml") for _ in range(2)]
+    programs = [lower.lower_to_bytes(conv_bn(), [NCHW], "coreml") for _ in range(2)]
     assert programs[0] == programs[1]
     assert len(scratch) == 2 and scratch[0] != scratch[1]
     assert not any(path.exists() for path in scratch)
@@ -277,11 +277,11 @@ def test_an_unexportable_model_is_one_line_naming_the_target(tmp_path):
 ])
 def test_bad_settings_are_refused_before_lowering(delegate, precision, options, words):
     with pytest.raises(MobileBuildError) as caught:
-        lower.lower_to_bytes(conv_bn(), NCHW, delegate, precision, options)
+        lower.lower_to_bytes(conv_bn(), [NCHW], delegate, precision, options)
     assert caught.value.field == "targets" and words in caught.value.message
 
 
 def test_core_ml_int8_with_per_tensor_weights_names_the_weights_setting():
     with pytest.raises(MobileBuildError) as caught:
-        lower.lower_to_bytes(conv_bn(), NCHW, "coreml", "int8", weights="per_tensor")
+        lower.lower_to_bytes(conv_bn(), [NCHW], "coreml", "int8", weights="per_tensor")
     assert caught.value.field == "quantize.weights"

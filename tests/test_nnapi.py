@@ -15,7 +15,7 @@ from mobilebuild.plan.stages import NnapiConfig
 from mobilebuild.worker.runtimes import nnapi as runtime
 from mobilebuild.worker.stages import calibration, fuse, modeling, nnapi, quantize
 
-INPUT = {"shape": [1, 3, 12, 12], "dtype": "float32", "memory_format": "contiguous"}
+INPUTS = [{"name": "input", "shape": [1, 3, 12, 12], "dtype": "float32", "memory_format": "contiguous"}]
 STATIC = {"mode": "static", "weights": None}
 
 
@@ -64,7 +64,7 @@ def artifacts(tmp_path_factory):
     """The fused float model and its qnnpack-quantized state, as the fuse and quantize stages leave them."""
     folder = tmp_path_factory.mktemp("nnapi")
     stored_fused(tiny(), folder / "fused.pt")
-    batches = calibration.batches({"source": "random", "seed": 0, "batches": 2}, INPUT)
+    batches = calibration.batches({"source": "random", "seed": 0, "batches": 2}, INPUTS)
     quantized = quantize.static(tiny(), "qnnpack", batches)
     modeling.save(quantized.state_dict(), folder / "quantized.pt")
     return folder
@@ -72,7 +72,7 @@ def artifacts(tmp_path_factory):
 
 def stage_config(mode, bundled_inputs=True, factory="test_nnapi:TinyMobile"):
     return NnapiConfig(precision="fp32" if mode == "none" else "int8", mode=mode, engine="qnnpack",
-                       quantization=None if mode == "none" else STATIC, input=INPUT,
+                       quantization=None if mode == "none" else STATIC, inputs=INPUTS,
                        options={"bundled_inputs": bundled_inputs}, model={"factory": factory}, fuse="auto")
 
 
@@ -120,7 +120,7 @@ def test_bundled_inputs_can_be_left_out(artifacts, tmp_path):
 
 def test_an_in_place_relu6_is_named_with_its_module_in_one_line(tmp_path):
     model = tiny(activation=lambda: nn.ReLU6(inplace=True))
-    (problem,) = nnapi.unsupported_ops(model, INPUT)
+    (problem,) = nnapi.unsupported_ops(model, INPUTS)
     assert problem.startswith("aten::hardtanh_ (features.2, a ReLU6)")
     stored_fused(model, tmp_path / "fused.pt")
     with pytest.raises(MobileBuildError) as raised:
@@ -132,16 +132,16 @@ def test_an_in_place_relu6_is_named_with_its_module_in_one_line(tmp_path):
 
 
 def test_unsupported_ops_takes_a_traced_model_too():
-    example = nnapi.nhwc_input(INPUT)
-    assert nnapi.unsupported_ops(nnapi.trace(tiny(), example), INPUT) == []
+    example = nnapi.nhwc_input(INPUTS)
+    assert nnapi.unsupported_ops(nnapi.trace(tiny(), example), INPUTS) == []
     traced = nnapi.trace(tiny(activation=nn.ReLU6).eval(), example)  # out of place: aten::hardtanh converts
-    assert nnapi.unsupported_ops(traced, INPUT) == []
+    assert nnapi.unsupported_ops(traced, INPUTS) == []
 
 
 def test_unsupported_ops_checks_a_quantized_model_through_its_core(artifacts):
     quantized = quantize.load_quantized({"model": artifacts / "fused.pt", "quantized": artifacts / "quantized.pt"},
                                         stage_config("core"))
-    assert nnapi.unsupported_ops(quantized, INPUT) == []
+    assert nnapi.unsupported_ops(quantized, INPUTS) == []
     assert isinstance(quantized.quant, torch.ao.nn.quantized.Quantize)  # the caller's model is left whole
 
 

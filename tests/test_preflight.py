@@ -44,6 +44,13 @@ MODELS = textwrap.dedent('''
             return super().forward(x).cumsum(1)
 
 
+    class InverseErrorHead(Net):
+        """No kernel library of ExecuTorch's runtime has erfinv: the program would not load."""
+
+        def forward(self, x):
+            return torch.erfinv(torch.tanh(super().forward(x)) * 0.5)
+
+
     class Branchy(nn.Module):
         """Control flow on tensor values: FX and torch.export cannot capture it, and no nn.Sequential shows the
         Conv-BN pair to eager fusion."""
@@ -97,6 +104,10 @@ MODELS = textwrap.dedent('''
 
     def cumulative():
         return CumulativeHead()
+
+
+    def inverse_error():
+        return InverseErrorHead()
 
 
     def branchy():
@@ -168,10 +179,19 @@ def test_executorch_xnnpack_delegation_and_its_fallback_ops(root):
     assert result["delegation"]["delegated_calls"] == 1 and result["delegation"]["fallback_calls"] == 0
     assert result["findings"] == [] and clean["exit_code"] == 0
 
+    # outside the delegate is a warning: the program builds, loads and runs on the portable kernels
     partly = preflight.run(write_recipe(root, "partly", "cumulative", targets, NCHW), root)
     (fallback,) = by_target(partly, "xnnpack-executorch")["findings"]
     assert fallback["kind"] == "fallback" and fallback["where"] == "aten::cumsum.out"
-    assert partly["exit_code"] == 1
+    assert partly["exit_code"] == 0 and partly["blocking"] == 0
+
+    # an operator no kernel library has: the program cannot load, which blocks
+    missing = preflight.run(write_recipe(root, "missing", "inverse_error", targets, NCHW), root)
+    found = by_target(missing, "xnnpack-executorch")["findings"]
+    (kernel,) = [item for item in found if item["kind"] == "missing-kernel"]
+    assert missing["exit_code"] == 1 and "aten::erfinv.out" not in [item["where"] for item in found]
+    assert kernel["detail"].startswith("the program cannot load: ExecuTorch's runtime has no kernel for "
+                                       "aten::erfinv.out")
 
 
 @pytest.mark.skipif(hasattr(torch.ops.vulkan_prepack, "create_conv2d_context"), reason="this torch exports Vulkan")

@@ -30,7 +30,8 @@ def test_defaults_come_from_the_schema(tmp_path):
     (loaded,) = recipe.load_all(tmp_path)
     assert loaded.file == "recipes/tiny.yaml"
     assert loaded.fuse == "auto" and loaded.script == "script"
-    assert loaded.input == {"shape": [1, 3, 4, 4], "dtype": "float32", "memory_format": "contiguous"}
+    assert loaded.inputs == [{"name": "input", "shape": [1, 3, 4, 4], "dtype": "float32",
+                              "memory_format": "contiguous"}]
     calibration = {"source": "random", "batches": 8, "seed": 0, "kwargs": {}}
     assert loaded.quantize == {"mode": "static", "calibration": calibration}
     assert loaded.prune is False and loaded.targets[0].prune is False
@@ -50,7 +51,10 @@ def test_recipes_are_found_at_any_depth(tmp_path):
     (lambda r: r["targets"].append({"backend": "xnnpak"}), "recipes/tiny.yaml: targets[2].backend: expected one of"),
     (lambda r: r["targets"].append({"backend": "onnx", "runtime": "tflite"}),
      "recipes/tiny.yaml: targets[2].runtime: expected one of"),
-    (lambda r: r["input"].update(shape=[1, 3, "8", 8]), "recipes/tiny.yaml: input.shape[2]: expected integer, got str"),
+    (lambda r: r["input"].update(shape=[1, 3, "8", 8]),
+     'recipes/tiny.yaml: input.shape[2]: expected a size (an integer of at least 1) or a dim name from dims, got "8"'),
+    (lambda r: r["input"].update(shape=[1, 3, "x", 8]),
+     "recipes/tiny.yaml: input.shape[2]: 'x' is not a dim declared under dims (none declared)"),
     (lambda r: r.pop("name"), "recipes/tiny.yaml: (top level): missing required key 'name'"),
     (lambda r: r["model"].update(torchvision="resnet18"),
      "recipes/tiny.yaml: model: expected exactly one model source"),

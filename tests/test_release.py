@@ -63,7 +63,9 @@ def test_release_copies_each_target_artifact_with_how_it_was_made(built, tmp_pat
         assert entry["benchmark"]["threads"] == 1 and entry["benchmark"]["iters"] == 5
         assert 0 < entry["benchmark"]["median_ms"] <= entry["benchmark"]["p90_ms"]
         # what an app developer needs to feed the artifact and read its results
-        assert entry["input"] == {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+        assert entry["inputs"] == [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32",
+                                    "memory_format": "contiguous"}]
+        assert entry["fixed_shape"] is None  # no dynamic dims
         assert entry["outputs"] == [{"name": "output", "shape": [1, 5], "dtype": "float32"}]
     fp32, int8 = document["files"]["tiny/tiny-xnnpack.ptl"], document["files"]["tiny/tiny-qnnpack.ptl"]
     assert (fp32["target"], fp32["backend"], fp32["runtime"], fp32["precision"]) == (

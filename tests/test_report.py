@@ -427,3 +427,29 @@ def test_a_verdict_against_relaxed_thresholds_says_so(tmp_path):
     assert "| passed (relaxed thresholds) |" in markdown and "| passed |" in markdown  # xnnpack's is not
     assert "RELAXED by the recipe: SQNR dB 10 (default 15), top-1 agreement 0.25 (default 0.8)" in markdown
     assert "passed (relaxed thresholds)" in html
+
+
+def test_inputs_outputs_and_the_sizes_verified_are_in_the_report(tmp_path):
+    manifest = full_manifest()
+    dynamic = [{"axis": 1, "dim": "seq", "min": 4, "max": 64}]
+    manifest["inputs"] = [
+        {"name": "ids", "shape": [1, 32], "dtype": "int64", "range": [0, 64], "dynamic": dynamic},
+        {"name": "mask", "shape": [1, 32], "dtype": "int64", "range": [0, 2], "dynamic": dynamic}]
+    manifest["targets"][0]["outputs"] = [{"name": "scores", "shape": [1, 4], "dtype": "float32"}]
+    manifest["verification"]["xnnpack"]["sizes"] = {
+        size: {"shapes": {"ids": [1, length], "mask": [1, length]}, "samples": 16, "sqnr_db": 100.0}
+        for size, length in (("max", 64), ("example", 32), ("min", 4))}
+    manifest["verification"]["qnnpack"]["fixed_shape"] = "dim seq fixed at the example size: tracing records it"
+    _, markdown, page = write([manifest], tmp_path)
+    line = ("Inputs: ids [1, seq] int64 in [0, 64), mask [1, seq] int64 in [0, 2); seq from 4 to 64. "
+            "Outputs: scores [1, 4] float32.")
+    assert line in markdown and line in page
+    assert "16 random samples at the min [1, 4], example [1, 32], max [1, 64] sizes;" in markdown
+    assert "sizes (qnnpack): dim seq fixed at the example size: tracing records it" in markdown
+
+
+def test_malformed_inputs_are_left_out_not_fatal(tmp_path):
+    manifest = full_manifest()
+    manifest["inputs"] = [None, {"name": "x", "shape": "1x3", "dynamic": [{"axis": 9}, "seq"]}, 7]
+    _, markdown, _ = write([manifest], tmp_path)
+    assert "Inputs: x [] —." in markdown

@@ -19,7 +19,7 @@ TOY_STAGE = textwrap.dedent('''
 
     @dataclass(frozen=True)
     class ToyConfig:
-        input: dict
+        inputs: list
         note: str
         model: dict  # a stage that takes the fused model rebuilds it from the model source and fusion
         fuse: object
@@ -27,7 +27,7 @@ TOY_STAGE = textwrap.dedent('''
 
     def plan(chain):
         """The toy stage's node in a target's chain: after the fused model."""
-        config = ToyConfig(input=chain.recipe.input, note=chain.settings.get("note", "plain"), model=chain.source,
+        config = ToyConfig(inputs=chain.recipe.inputs, note=chain.settings.get("note", "plain"), model=chain.source,
                            fuse=chain.recipe.fuse)
         return chain.shipped("toy", config, {"model": chain.nodes["fuse"]}, files=chain.source_files)
 

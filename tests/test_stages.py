@@ -10,20 +10,21 @@ from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.stages import calibration, checkpoint, fuse, modeling, optimize, quantize, script
 
-INPUT = {"shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+INPUT = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+INPUTS = [INPUT]
 OPTIONS = {"blocklist": [], "preserved_methods": [], "bundled_inputs": True}
 FP32_DB = 80.0  # fp32 artifacts compute the same function: anything below means a wrong transformation
 
 
 def lite_sqnr(model, fuse_setting, mode, tmp_path):
     """Take `model` through fuse -> script/trace -> optimize -> .ptl and compare the lite model with eager."""
-    x = modeling.example_input(INPUT, seed=1)
+    x = modeling.example_inputs(INPUTS, seed=1)[0]
     with torch.no_grad():
         reference = model(x)
     fused, _ = fuse.fuse(model, fuse_setting)
-    scripted = script.to_torchscript(fused, mode, modeling.example_input(INPUT))
+    scripted = script.to_torchscript(fused, mode, modeling.example_inputs(INPUTS))
     path = tmp_path / f"{mode}.ptl"
-    optimize.optimize(scripted, OPTIONS, mode, INPUT)._save_for_lite_interpreter(str(path))
+    optimize.optimize(scripted, OPTIONS, mode, INPUTS)._save_for_lite_interpreter(str(path))
     return sqnr_db(reference, _load_for_lite_interpreter(str(path))(x))
 
 
@@ -80,30 +81,30 @@ def test_explicit_fuse_names_are_checked():
 def test_the_optimize_stage_keeps_batch_norm_it_was_not_shown_unfolded(tmp_path):
     # Bypass the fuse stage entirely: a traced model still holding batch norm must come out correct.
     model = tiny_models.branchy()
-    x = modeling.example_input(INPUT, seed=1)
-    traced = script.to_torchscript(model, "trace", modeling.example_input(INPUT))
+    x = modeling.example_inputs(INPUTS, seed=1)[0]
+    traced = script.to_torchscript(model, "trace", modeling.example_inputs(INPUTS))
     assert optimize.has_batch_norm(traced)
     with torch.no_grad():
-        assert sqnr_db(model(x), optimize.optimize(traced, OPTIONS, "trace", INPUT)(x)) > FP32_DB
+        assert sqnr_db(model(x), optimize.optimize(traced, OPTIONS, "trace", INPUTS)(x)) > FP32_DB
 
 
 def test_int8_artifact_stays_close_to_eager(tmp_path):
     model = tiny_models.conv_bn()
-    x = modeling.example_input(INPUT, seed=1)
+    x = modeling.example_inputs(INPUTS, seed=1)[0]
     with torch.no_grad():
         reference = model(x)
     fused, _ = fuse.fuse(model, "auto")
     quantized = quantize.static(fused, "qnnpack", calibration.batches(
-        {"source": "random", "batches": 4, "seed": 0}, INPUT))
-    scripted = script.to_torchscript(quantized, "script", x)
+        {"source": "random", "batches": 4, "seed": 0}, INPUTS))
+    scripted = script.to_torchscript(quantized, "script", (x,))
     path = tmp_path / "int8.ptl"
-    optimize.optimize(scripted, OPTIONS, "script", INPUT)._save_for_lite_interpreter(str(path))
+    optimize.optimize(scripted, OPTIONS, "script", INPUTS)._save_for_lite_interpreter(str(path))
     assert sqnr_db(reference, _load_for_lite_interpreter(str(path))(x)) > 20.0
 
 
 def test_channels_last_wrapper_converts_the_input():
     scripted = script.to_torchscript(script.ChannelsLastInput(tiny_models.conv_bn()).eval(), "script",
-                                     modeling.example_input(INPUT))
+                                     modeling.example_inputs(INPUTS))
     graph = str(scripted.inlined_graph)
     assert "aten::contiguous" in graph
 
@@ -114,7 +115,7 @@ def test_script_failure_advises_trace():
             return {frozenset([1]): x}[frozenset([1])]
 
     with pytest.raises(MobileBuildError, match=r"torch.jit.script cannot compile.*set `script: trace`") as caught:
-        script.to_torchscript(Untypable(), "script", torch.randn(1))
+        script.to_torchscript(Untypable(), "script", (torch.randn(1),))
     assert caught.value.field == "script"
 
 
@@ -172,20 +173,20 @@ class TestCheckpointFiles:
 
 
 def test_checkpoint_reports_an_input_shape_the_model_rejects():
-    with pytest.raises(MobileBuildError, match=r"rejects an input of shape \[1, 5, 16, 16\]") as caught:
-        checkpoint.check_input(tiny_models.conv_bn(), {**INPUT, "shape": [1, 5, 16, 16]})
+    with pytest.raises(MobileBuildError, match=r"the model rejects inputs input \[1, 5, 16, 16\] float32: ") as caught:
+        checkpoint.check_input(tiny_models.conv_bn(), [{**INPUT, "shape": [1, 5, 16, 16]}])
     assert caught.value.field == "input.shape"
 
 
 def test_batchnorm_statistics_are_reestimated():
     model = tiny_models.ConvBn().eval()
-    checkpoint.reestimate_batchnorm(model, INPUT, batches=2, seed=0)
+    checkpoint.reestimate_batchnorm(model, INPUTS, batches=2, seed=0)
     assert not torch.allclose(model[1].running_var, torch.ones(8))
     assert not model.training
 
 
 class TestImageCalibration:
-    IMAGE_INPUT = {"shape": [2, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+    IMAGE_INPUTS = [{"name": "input", "shape": [2, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}]
 
     def test_images_are_loaded_resized_and_normalised(self, tmp_path):
         from PIL import Image
@@ -194,18 +195,20 @@ class TestImageCalibration:
             Image.new("RGB", (20, 10), (index * 100, 50, 200)).save(tmp_path / f"{index}.png")
         batches = list(calibration.batches(
             {"source": "images", "path": str(tmp_path), "batches": 2, "mean": [0.5, 0.5, 0.5],
-             "std": [0.5, 0.5, 0.5]}, self.IMAGE_INPUT))
-        assert len(batches) == 2 and batches[0].shape == (2, 3, 16, 16)
-        assert batches[0][0, 2].mean().item() == pytest.approx((200 / 255 - 0.5) / 0.5, abs=1e-3)
+             "std": [0.5, 0.5, 0.5]}, self.IMAGE_INPUTS))
+        assert len(batches) == 2 and all(len(batch) == 1 for batch in batches)  # one tensor per input
+        (images,) = batches[0]
+        assert images.shape == (2, 3, 16, 16)
+        assert images[0, 2].mean().item() == pytest.approx((200 / 255 - 0.5) / 0.5, abs=1e-3)
 
     def test_a_file_that_is_not_an_image(self, tmp_path):
         (tmp_path / "notes.txt").write_text("hello")
         with pytest.raises(MobileBuildError, match=r"notes.txt is not a readable image"):
-            list(calibration.batches({"source": "images", "path": str(tmp_path), "batches": 1}, self.IMAGE_INPUT))
+            list(calibration.batches({"source": "images", "path": str(tmp_path), "batches": 1}, self.IMAGE_INPUTS))
 
     def test_an_empty_folder(self, tmp_path):
         with pytest.raises(MobileBuildError, match="holds no images"):
-            list(calibration.batches({"source": "images", "path": str(tmp_path), "batches": 1}, self.IMAGE_INPUT))
+            list(calibration.batches({"source": "images", "path": str(tmp_path), "batches": 1}, self.IMAGE_INPUTS))
 
 
 def test_a_library_message_is_quoted_as_whole_sentences_without_its_staff_notes():

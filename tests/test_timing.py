@@ -21,7 +21,8 @@ def lite_model(path, features):
 def config(threads=1):
     return BenchConfig(runtime="pytorch-mobile", runtime_module="mobilebuild.worker.runtimes.pytorch_mobile",
                        runs_on_host=True, timing={"threads": threads, "warmup": 1, "iters": 5},
-                       input={"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"})
+                       inputs=[{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32",
+                                "memory_format": "contiguous"}])
 
 
 def rss_mb():

@@ -10,12 +10,12 @@ from PIL import Image
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker.stages import calibration, verify
 
-INPUT = {"shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+INPUTS = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
 
 
 def config(evaluation=None, source=None, samples=16, seed=0, calibrated=True):
-    return SimpleNamespace(input=INPUT, samples=samples, seed=seed, evaluation=evaluation, calibration=source,
-                           calibrated=calibrated)
+    return SimpleNamespace(inputs=INPUTS, samples=samples, seed=seed, evaluation=evaluation, calibration=source,
+                           calibrated=calibrated, fixed_shape=None)
 
 
 def numbered_batches(count=20):
@@ -23,26 +23,35 @@ def numbered_batches(count=20):
     return (torch.full((1, 3, 8, 8), float(i)) for i in range(count))
 
 
-def rows(tensors):
-    return {tuple(row.flatten().tolist()) for row in torch.cat(list(tensors))}
+def rows(batches):
+    """The rows of the one input's tensor of each batch (a tuple of tensors, one per input)."""
+    return {tuple(row.flatten().tolist()) for row in torch.cat([tensor for (tensor,) in batches])}
+
+
+def evaluation_data(settings):
+    """The one group of inputs verification uses for a recipe without dynamic dims, and its description."""
+    groups, description = verify.evaluation_data(settings)
+    ((size, inputs, labels),) = groups
+    assert size == "example" and len(inputs) == 1
+    return inputs, labels, description
 
 
 @pytest.mark.parametrize("seed", [0, 3, 2**30 - 20])
 def test_random_verification_inputs_are_never_calibration_batches(seed):
     source = {"source": "random", "batches": 64, "seed": 0}
-    calibrated = rows(calibration.batches(source, INPUT))
+    calibrated = rows(calibration.batches(source, INPUTS))
     for evaluation in (None, verify.HOLDOUT):
-        inputs, labels, description = verify.evaluation_data(config(evaluation, source, seed=seed))
-        assert description == "random" and labels is None and len(inputs) == 16
+        inputs, labels, description = evaluation_data(config(evaluation, source, seed=seed))
+        assert description == "random" and labels is None and len(inputs[0]) == 16
         assert not rows([inputs]) & calibrated
 
 
 def test_a_functions_held_out_batches_are_those_after_calibrations():
     source = {"source": "function", "function": "test_verify:numbered_batches", "kwargs": {}, "batches": 8}
-    inputs, _, description = verify.evaluation_data(config(verify.HOLDOUT, source, samples=5))
+    inputs, _, description = evaluation_data(config(verify.HOLDOUT, source, samples=5))
     assert description == "held-out calibration"
-    assert [int(row[0, 0, 0]) for row in inputs] == [8, 9, 10, 11, 12]
-    assert not rows([inputs]) & rows(calibration.batches(source, INPUT))
+    assert [int(row[0, 0, 0]) for row in inputs[0]] == [8, 9, 10, 11, 12]
+    assert not rows([inputs]) & rows(calibration.batches(source, INPUTS))
 
 
 def test_a_function_with_nothing_left_after_calibration_is_one_line():
@@ -57,9 +66,9 @@ def test_held_out_images_are_those_calibration_does_not_read(tmp_path):
     for index in range(6):
         Image.new("RGB", (8, 8), (index * 40, 0, 0)).save(tmp_path / f"{index}.png")
     source = {"source": "images", "path": str(tmp_path), "batches": 4}
-    inputs, _, _ = verify.evaluation_data(config(verify.HOLDOUT, source))
-    assert [round(float(row[0, 0, 0]) * 255) for row in inputs] == [160, 200]  # images 4 and 5
-    assert not rows([inputs]) & rows(calibration.batches(source, INPUT))
+    inputs, _, _ = evaluation_data(config(verify.HOLDOUT, source))
+    assert [round(float(row[0, 0, 0]) * 255) for row in inputs[0]] == [160, 200]  # images 4 and 5
+    assert not rows([inputs]) & rows(calibration.batches(source, INPUTS))
     with pytest.raises(MobileBuildError, match=r"calibration reads all 6 images .* add images, or lower "
                                                r"quantize.calibration.batches"):
         verify.evaluation_data(config(verify.HOLDOUT, {**source, "batches": 6}))

@@ -194,7 +194,7 @@ def fuse(chain):
     tag = _weights_tag(chain)
     recipe = chain.recipe
     return chain.node("fuse", recipe.name + tag,
-                      stages.FuseConfig(model=chain.source, fuse=recipe.fuse, input=recipe.input),
+                      stages.FuseConfig(model=chain.source, fuse=recipe.fuse, inputs=recipe.inputs),
                       {"checkpoint": chain.nodes.get("prune") or chain.nodes["checkpoint"]},
                       f"{chain.out}/fused{tag}.pt", files=chain.source_files)
 
@@ -212,7 +212,7 @@ def quantize(chain):
         inputs["trained"] = settings["checkpoint"]
     name = f"{recipe.name}-{chain.target.id}" if chain.own_quantization else f"{recipe.name}-{route.engine}"
     config = stages.QuantizeConfig(engine=route.engine, mode=settings["mode"], weights=settings.get("weights"),
-                                   input=recipe.input, model=chain.source, fuse=recipe.fuse, calibration=calibration)
+                                   inputs=recipe.inputs, model=chain.source, fuse=recipe.fuse, calibration=calibration)
     return chain.node("quantize", name, config, inputs,
                       f"{chain.out}/quantized-{name.removeprefix(recipe.name + '-')}.pt",
                       files=chain.source_files + files, fields=chain.fields if chain.own_quantization else {})
@@ -224,7 +224,7 @@ def script(chain):
     recipe, route = chain.recipe, chain.route
     tag = chain.target.id if chain.own_quantization else route.tag(chain.precision)
     config = stages.ScriptConfig(mode=recipe.script, precision=chain.precision, engine=route.engine,
-                                 quantization=chain.quantization, input=recipe.input, model=chain.source,
+                                 quantization=chain.quantization, inputs=recipe.inputs, model=chain.source,
                                  fuse=recipe.fuse)
     return chain.node("script", f"{recipe.name}-{tag}", config, chain.model_inputs(),
                       f"{chain.out}/scripted-{tag}.pt", files=chain.source_files)
@@ -233,13 +233,13 @@ def script(chain):
 def optimize(chain):
     route, recipe = chain.route, chain.recipe
     config = stages.OptimizeConfig(backend=route.backend, engine=route.engine if chain.precision == "int8" else None,
-                                   options=chain.target.optimize, script_mode=recipe.script, input=recipe.input)
+                                   options=chain.target.optimize, script_mode=recipe.script, inputs=recipe.inputs)
     return chain.shipped("optimize", config, {"scripted": chain.nodes["script"]})
 
 
 def nnapi(chain):
     settings = chain.settings
-    config = stages.NnapiConfig(precision=chain.precision, input=chain.recipe.input, mode=settings["mode"],
+    config = stages.NnapiConfig(precision=chain.precision, inputs=chain.recipe.inputs, mode=settings["mode"],
                                 engine=chain.route.engine, quantization=chain.quantization,
                                 options={"bundled_inputs": chain.target.optimize["bundled_inputs"]},
                                 model=chain.source, fuse=chain.recipe.fuse)
@@ -257,7 +257,7 @@ def _final_quantization(chain):
 def lower(chain):
     calibration, weights, files = _final_quantization(chain)
     options = chain.settings
-    config = stages.LowerConfig(precision=chain.precision, input=chain.recipe.input,
+    config = stages.LowerConfig(precision=chain.precision, inputs=chain.recipe.inputs,
                                 delegate=options.pop("delegate", chain.route.delegate), options=options,
                                 model=chain.source, fuse=chain.recipe.fuse, calibration=calibration, weights=weights)
     return chain.shipped("lower", config, {"model": chain.nodes["fuse"]}, files=files)
@@ -265,6 +265,7 @@ def lower(chain):
 
 def export(chain):
     calibration, weights, files = _final_quantization(chain)
-    config = stages.ExportConfig(precision=chain.precision, input=chain.recipe.input, options=chain.settings,
-                                 model=chain.source, fuse=chain.recipe.fuse, calibration=calibration, weights=weights)
+    config = stages.ExportConfig(precision=chain.precision, inputs=chain.recipe.inputs, options=chain.settings,
+                                 model=chain.source, fuse=chain.recipe.fuse, calibration=calibration, weights=weights,
+                                 outputs=chain.recipe.outputs)
     return chain.shipped("export", config, {"model": chain.nodes["fuse"]}, files=files)

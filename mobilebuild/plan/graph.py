@@ -40,7 +40,7 @@ def recipe_nodes(recipe, root):
     if "train" in recipe.model:
         train = recipe.model["train"]
         node = Node("train", recipe.name, settings=stages.TrainConfig(model=source, seed=recipe.model["seed"],
-                                                                      train=train, input=recipe.input),
+                                                                      train=train, inputs=recipe.inputs),
                     inputs={}, output=f"{out}/trained.pt",
                     files=factory_files + source_files(root, train["function"]), **common)
         nodes.append(node)
@@ -50,14 +50,14 @@ def recipe_nodes(recipe, root):
     checkpoint = Node("checkpoint", recipe.name,
                       settings=stages.CheckpointConfig(model=source, seed=recipe.model["seed"],
                                                        batchnorm_stats=recipe.model["batchnorm_stats"],
-                                                       input=recipe.input),
+                                                       inputs=recipe.inputs),
                       inputs=weights, output=f"{out}/checkpoint.pt", files=factory_files, **common)
     nodes.append(checkpoint)
 
     timing = {key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}
     eager_bench = Node("bench", f"{recipe.name}-eager",
                        settings=stages.BenchConfig(runtime="eager", runtime_module=f"{routes.RUNTIMES_PACKAGE}.eager",
-                                                   model=source, input=recipe.input, timing=timing,
+                                                   model=source, inputs=recipe.inputs, timing=timing,
                                                    runs_on_host=True),
                        inputs={"checkpoint": checkpoint.output}, output=f"{out}/bench-eager.json", files=factory_files,
                        **common)
@@ -80,11 +80,12 @@ def recipe_nodes(recipe, root):
             continue
         final, precision = chain.nodes[route.final_stage], chain.precision
         runtime = {"runtime": route.loader, "runtime_module": route.runtime_module_path,
-                   "engine": route.engine if route.quantizer == "eager" else None, "input": recipe.input,
+                   "engine": route.engine if route.quantizer == "eager" else None, "inputs": recipe.inputs,
                    "runs_on_host": route.runs_on_host, "host_reason": route.host_reason}
         results.append(chain.node(
             "verify", f"{recipe.name}-{target.id}",
-            stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune, **verification),
+            stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune,
+                                outputs=recipe.outputs, fixed_shape=fixed_shape(recipe, route), **verification),
             # a pruned artifact is checked against the pruned eager model: the build must not change it further;
             # and measured against the unpruned one: what pruning cost
             {"artifact": final, "checkpoint": chain.nodes.get("prune") or checkpoint,
@@ -98,7 +99,7 @@ def recipe_nodes(recipe, root):
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
                         "device_only": route.device_only, "delegate": final.config.get("delegate"),
                         "pruning": target.prune or None, "quantization": chain.quantization,
-                        "interpreter": final.interpreter})
+                        "interpreter": final.interpreter, "fixed_shape": fixed_shape(recipe, route)})
     if problems:
         raise RecipeErrors(problems)
 
@@ -108,11 +109,25 @@ def recipe_nodes(recipe, root):
         settings=stages.ManifestConfig(
             recipe=recipe.name, recipe_file=recipe.file, recipe_sha256=recipe.sha256,
             artifacts=[{"stage": n.stage, "path": n.output, **n.describes} for n in artifacts],
-            targets=targets, checkpoint=checkpoint.output, input=recipe.input,
+            targets=targets, checkpoint=checkpoint.output, inputs=recipe.inputs, outputs=recipe.outputs,
             verification={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "verify"},
             benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "bench"}),
         inputs={n.task_name: n.output for n in artifacts + results}, output=f"{out}/manifest.json", **common)
     return artifacts + results + [manifest]
+
+
+def fixed_shape(recipe, route):
+    """Why `route`'s artifact takes only the example's sizes of a recipe's dynamic dims (naming them), or None."""
+    dims = sorted({dim["dim"] for spec in recipe.inputs for dim in spec.get("dynamic", ())})
+    if not dims:
+        return None
+    if route.fixed_shapes:
+        why = route.fixed_shapes
+    elif "script" in route.stages and recipe.script == "trace":
+        why = "tracing records the example's sizes (script: script keeps them)"
+    else:
+        return None
+    return f"dim{'s' if len(dims) > 1 else ''} {', '.join(dims)} fixed at the example size: {why}"
 
 
 def _verification(chain, root):

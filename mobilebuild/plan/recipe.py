@@ -68,7 +68,7 @@ class Recipe:
     file: str  # relative to the repository root, POSIX
     sha256: str
     model: dict
-    input: dict
+    inputs: list  # each input's spec (see input_specs): name, shape at the example size, dtype, dynamic dims
     fuse: object
     prune: object
     quantize: dict
@@ -76,6 +76,7 @@ class Recipe:
     verify: dict
     benchmark: dict
     targets: tuple = field(default_factory=tuple)
+    outputs: list | None = None  # names for the output tensors, in flattening order
 
 
 def schema():
@@ -147,8 +148,12 @@ def _describe(error):
         return "expected exactly one model source: 'torchvision' or 'factory'"
     if kind == "not" and error.schema is schema()["properties"]["model"]:
         return "'checkpoint' and 'train' are exclusive: the weights come from one of them"
-    if kind == "oneOf" and error.schema is schema()["properties"]["input"]["properties"]["distribution"]:
+    if kind == "oneOf" and error.schema is schema()["$defs"]["tensor"]["properties"]["distribution"]:
         return "expected {normal: {mean: M, std: S}} or {uniform: {low: L, high: H}}"
+    if kind == "oneOf" and error.schema is schema()["$defs"]["tensor"]["properties"]["shape"]["items"]:
+        return f"expected a size (an integer of at least 1) or a dim name from dims, got {json.dumps(error.instance)}"
+    if kind == "oneOf" and error.schema is schema():
+        return "expected exactly one of 'input' (the one-input shorthand) or 'inputs' (a list of named inputs)"
     if kind == "oneOf" and error.schema is schema()["properties"]["fuse"]:
         return "expected 'auto', false, or a list of module-name lists like [[conv, bn, relu]]"
     return error.message
@@ -186,6 +191,11 @@ def _yaml_problem(exc, text):
 
 def _apply_defaults(node_schema, instance):
     """Fill in the schema's declared defaults, so the schema stays the one source of truth for them."""
+    if node_schema.get("$ref", "").startswith("#/$defs/"):  # a shared definition (a target's own `quantize`
+        # refers to the recipe's, and must not get defaults: it is merged over the recipe's own)
+        node_schema = schema()["$defs"][node_schema["$ref"].removeprefix("#/$defs/")]
+    for part in node_schema.get("allOf", ()):
+        _apply_defaults(part, instance)
     if not isinstance(instance, dict):
         if isinstance(instance, list) and "items" in node_schema:
             for item in instance:
@@ -206,7 +216,8 @@ def parse(text, file):
         where, problem = _yaml_problem(exc, text)
         raise RecipeErrors([MobileBuildError(f"invalid YAML: {problem}", file=file, field=where)]) from None
     if not isinstance(data, dict):
-        raise RecipeErrors([MobileBuildError("expected a mapping with name, model, input and targets", file=file)])
+        raise RecipeErrors([MobileBuildError("expected a mapping with name, model, input (or inputs) and targets",
+                                             file=file)])
     errors = sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:
         # JSON Schema reports each missing required key on its own, and _describe names them all in each: one line
@@ -293,6 +304,63 @@ INTEGER_DTYPES = ("int64", "int32", "uint8")
 FLOAT_DTYPES = ("float32", "float16")
 
 
+SHAPE_EXAMPLE_FLOOR = 2  # torch.export specialises a dimension whose example size is 0 or 1
+
+
+def input_specs(data, file, problems):
+    """The recipe's inputs as the stages take them: `inputs`, or `input` as a list of one named "input". Each spec
+    has its shape at the example sizes, and for each dynamic dimension {axis, dim, min, max} under "dynamic", so a
+    spec alone says everything about its tensor. Problems the schema cannot see are appended to `problems`."""
+    listed = data.get("inputs")
+    where = (lambda index: f"inputs[{index}]") if listed else (lambda index: "input")
+    listed = listed or [{"name": "input", **data["input"]}]
+    dims, used, seen = data.get("dims", {}), set(), {}
+    for name, dim in dims.items():
+        dim.setdefault("example", max(dim["min"], min(SHAPE_EXAMPLE_FLOOR, dim["max"])))
+        if not dim["min"] < dim["max"]:
+            problems.append(MobileBuildError(f"expected min < max, got min {dim['min']} and max {dim['max']} (a size "
+                                             "that never changes is a number in the shape)", file=file,
+                                             field=f"dims.{name}"))
+        elif not dim["min"] <= dim["example"] <= dim["max"]:
+            problems.append(MobileBuildError(f"example {dim['example']} lies outside [{dim['min']}, {dim['max']}]",
+                                             file=file, field=f"dims.{name}.example"))
+    specs = []
+    for index, entry in enumerate(listed):
+        spec = {"name": entry.get("name", "input"), **entry}
+        if spec["name"] in seen:
+            problems.append(MobileBuildError(
+                f"duplicate input name {spec['name']!r} (also inputs[{seen[spec['name']]}])", file=file,
+                field=f"{where(index)}.name"))
+        seen[spec["name"]] = index
+        problems.extend(input_problems(spec, file, where(index)))
+        if spec["memory_format"] == "channels_last" and len(listed) > 1:
+            problems.append(MobileBuildError("memory_format channels_last is supported for a model with one input",
+                                             file=file, field=f"{where(index)}.memory_format"))
+        dynamic, shape = [], []
+        for axis, size in enumerate(spec["shape"]):
+            if isinstance(size, int):
+                shape.append(size)
+                continue
+            if size not in dims:
+                problems.append(MobileBuildError(
+                    f"{size!r} is not a dim declared under dims ({', '.join(dims) or 'none declared'}): declare it "
+                    f"as dims: {{{size}: {{min: M, max: N}}}}", file=file, field=f"{where(index)}.shape[{axis}]"))
+                shape.append(1)
+                continue
+            used.add(size)
+            shape.append(dims[size]["example"])
+            dynamic.append({"axis": axis, "dim": size, "min": dims[size]["min"], "max": dims[size]["max"]})
+        spec["shape"] = shape
+        if dynamic:
+            spec["dynamic"] = dynamic
+        specs.append(spec)
+    for name in dims:
+        if name not in used:
+            problems.append(MobileBuildError("no input shape names this dim: use it in a shape, or remove it",
+                                             file=file, field=f"dims.{name}"))
+    return specs
+
+
 def input_problems(spec, file, where):
     """What the schema cannot say about an input: an integer one needs the range of its values (token ids must stay
     below the vocabulary), a float one draws from a distribution, and neither takes the other's."""
@@ -363,8 +431,9 @@ def load(path, root, cache=None):
             model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
         except MobileBuildError as exc:
             problems.append(exc)
-    problems += input_problems(data["input"], file, "input")
-    _resolve_quantize(data["quantize"], file, root, "quantize", problems, data["input"]["shape"])
+    inputs = input_specs(data, file, problems)
+    image_shape = inputs[0]["shape"] if len(inputs) == 1 else []
+    _resolve_quantize(data["quantize"], file, root, "quantize", problems, image_shape)
     recipe_prune = _prune_with_defaults(data["prune"])
 
     targets, seen = [], {}
@@ -377,8 +446,7 @@ def load(path, root, cache=None):
         seen[target_id] = index
         quantize = data["quantize"]
         if "quantize" in entry:
-            _resolve_quantize(entry["quantize"], file, root, f"targets[{index}].quantize", problems,
-                              data["input"]["shape"])
+            _resolve_quantize(entry["quantize"], file, root, f"targets[{index}].quantize", problems, image_shape)
             quantize = {**data["quantize"], **entry["quantize"]}
             _apply_defaults(schema()["properties"]["quantize"], quantize)
         targets.append(Target(id=target_id, backend=entry["backend"], runtime=entry.get("runtime"),
@@ -391,8 +459,9 @@ def load(path, root, cache=None):
 
     return Recipe(
         name=data["name"], file=file, sha256=hashlib.sha256(raw).hexdigest(), model=model,
-        input=data["input"], fuse=data["fuse"], prune=recipe_prune, quantize=data["quantize"], script=data["script"],
+        inputs=inputs, fuse=data["fuse"], prune=recipe_prune, quantize=data["quantize"], script=data["script"],
         verify=data["verify"], benchmark=data["benchmark"], targets=tuple(targets),
+        outputs=data.get("outputs"),
     )
 
 

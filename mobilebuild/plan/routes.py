@@ -34,6 +34,7 @@ class Route:
     loader: str | None = None  # the runtime's name in results, and its module's under mobilebuild.worker.runtimes
     runtime_module: str | None = None  # a runtime module elsewhere (one that comes with its route)
     device_only: str | None = None  # where it runs, when the host cannot run it
+    fixed_shapes: str | None = None  # why its artifacts take the example's sizes only (no dynamic dims)
     settings: str | None = None  # the target's own section of settings for this route (`nnapi:`, `onnx:`...)
     settings_schema: dict | None = None  # its JSON Schema, for a section the recipe schema does not declare
     # The target's precision when the route takes it from its own settings rather than `precision:` (NNAPI's mode).
@@ -196,7 +197,7 @@ for _route in (
           "Android NNAPI (accelerators) through torch.backends._nnapi, traced NHWC, lite interpreter",
           quantizer="eager", engine="qnnpack", loader="nnapi", device_only="an Android 8.1+ device with NNAPI",
           settings="nnapi", precision_of=nnapi_precision, default=True, preflight=f"{CHECKS}.nnapi",
-          structure=nnapi_structure),
+          structure=nnapi_structure, fixed_shapes="the NNAPI converter takes the example's sizes"),
     Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
           "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)",
           quantizer="final", delegate="xnnpack", loader="executorch", settings="executorch",

@@ -27,7 +27,7 @@ class TrainConfig:
     model: dict  # the model source: torchvision or factory, kwargs
     seed: int
     train: dict  # {function, kwargs}
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class CheckpointConfig:
     model: dict
     seed: int
     batchnorm_stats: int  # batches of random input that re-estimate batch-norm statistics; 0: none
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class PruneConfig:
 class FuseConfig:
     model: dict
     fuse: object  # "auto", false or a list of module-name groups
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class QuantizeConfig:
     engine: str
     mode: str  # static | dynamic | qat
     weights: str | None
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
     model: dict
     fuse: object  # the fused model is rebuilt from the source and fusion: it is stored as weights only
     calibration: dict | None = None  # static only
@@ -68,7 +68,7 @@ class ScriptConfig:
     precision: str
     engine: str | None
     quantization: dict | None  # {mode, weights}: how to rebuild the quantized model
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
     model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
     fuse: object
 
@@ -79,13 +79,13 @@ class OptimizeConfig:
     engine: str | None
     options: dict  # the target's `optimize`: blocklist, preserved_methods, bundled_inputs
     script_mode: str
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
 
 
 @dataclass(frozen=True)
 class NnapiConfig:
     precision: str
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
     mode: str  # none | core | full
     engine: str
     quantization: dict | None
@@ -97,7 +97,7 @@ class NnapiConfig:
 @dataclass(frozen=True)
 class LowerConfig:
     precision: str
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
     delegate: str
     options: dict  # the delegate's options
     model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
@@ -109,12 +109,13 @@ class LowerConfig:
 @dataclass(frozen=True)
 class ExportConfig:
     precision: str
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
     options: dict  # opset
     model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
     fuse: object
     calibration: dict | None = None  # int8
     weights: str | None = None
+    outputs: list | None = None  # the ONNX output names
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class VerifyConfig:
     runtime: str
     runtime_module: str
     engine: str | None
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
     runs_on_host: bool
     host_reason: str | None
     model: dict
@@ -135,13 +136,15 @@ class VerifyConfig:
     evaluation: dict | str | None = None  # a function, or "calibration-holdout"
     calibration: dict | None = None  # the calibration source, for calibration-holdout and the data mismatch note
     calibrated: bool = False  # whether the artifact was calibrated (static int8)
+    outputs: list | None = None  # the recipe's names for the output tensors
+    fixed_shape: str | None = None  # why the artifact takes the example's sizes only, for a recipe with dynamic dims
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     runtime: str
     runtime_module: str
-    input: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
     runs_on_host: bool
     timing: dict  # warmup, iters, threads
     engine: str | None = None
@@ -158,7 +161,8 @@ class ManifestConfig:
     artifacts: list
     targets: list
     checkpoint: str
-    input: dict  # the input's spec: shape, dtype, memory format, and the values its example data had
+    inputs: list  # each input's spec: name, shape, dtype, memory format, dynamic dims, its example data's values
+    outputs: list | None  # the recipe's names for the output tensors
     verification: dict  # target -> its verify result
     benchmarks: dict  # target -> its bench result
 

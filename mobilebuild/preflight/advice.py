@@ -4,7 +4,8 @@ them."""
 
 from mobilebuild.errors import few
 
-KINDS = ("unsupported-op", "fallback", "needs-build", "advice")
+KINDS = ("unsupported-op", "missing-kernel", "needs-build", "fallback", "advice")
+# A fallback (operators outside the delegate, on the portable kernels) builds, loads and runs: a warning.
 BLOCKING = frozenset(KINDS[:3])
 ALL_TARGETS = "*"
 SHOWN_PLACES = 4  # layers named in one finding before "and N more"

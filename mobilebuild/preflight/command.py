@@ -15,7 +15,13 @@ def _status(findings):
     blocking = sum(item["kind"] in BLOCKING for item in findings)
     if blocking:
         return f"BLOCKED ({blocking})"
-    return f"ok, {len(findings)} advice" if findings else "ok"
+    return f"ok, {_counts(findings)}" if findings else "ok"
+
+
+def _counts(findings):
+    """'4 fallback, 1 advice': the findings that do not block, by kind."""
+    counts = {kind: sum(item["kind"] == kind for item in findings) for kind in KINDS if kind not in BLOCKING}
+    return ", ".join(f"{count} {kind}" for kind, count in counts.items() if count) or "0 advice"
 
 
 def _table(findings, notes, indent="    "):
@@ -43,7 +49,8 @@ def format(report):
                      f" in {result['seconds']:.1f} s: {_status(result['findings'])}")
         lines += _table(result["findings"], result["notes"])
     verdict = "blocked" if report["blocking"] else "no blocking findings"
-    lines.append(f"{report['blocking']} blocking, {report['advice']} advice: {verdict} (exit {report['exit_code']})")
+    every = model["findings"] + [item for result in report["targets"] for item in result["findings"]]
+    lines.append(f"{report['blocking']} blocking, {_counts(every)}: {verdict} (exit {report['exit_code']})")
     return "\n".join(lines)
 
 

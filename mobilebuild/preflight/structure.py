@@ -114,7 +114,7 @@ def _sequential_layer_activations(model):
     return pairs
 
 
-def executed_layers(model, input_config):
+def executed_layers(model, specs):
     """The convolution and linear layers one forward pass calls, in the order it calls them, and whether the first
     one receives an NHWC tensor (a model may convert its own input, as the performance recipe's does). This is the
     checkpoint stage's input check, with hooks: a model that rejects the input is the recipe's `input.shape` at
@@ -129,7 +129,7 @@ def executed_layers(model, input_config):
     handles = [module.register_forward_pre_hook(lambda _, args, name=name: called(name, args))
                for name, module in model.named_modules() if isinstance(module, LAYERS)]
     try:
-        checkpoint.check_input(model, input_config)
+        checkpoint.check_input(model, specs)
     finally:
         for handle in handles:
             handle.remove()
@@ -158,13 +158,13 @@ def width_findings(model, executed):
 CONV_KINDS = {"aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::linear"}
 
 
-def unfolded_batch_norms(fused, input_config):
+def unfolded_batch_norms(fused, specs):
     """Batch norm right after a convolution (or linear layer) that is still there after fusion: a pair eager fusion
     did not see (a module called twice, functional calls, a forward FX cannot trace outside nn.Sequential).
     Found in a TorchScript trace of the fused model; returns (findings, notes)."""
     try:
         with torch.no_grad():
-            traced = torch.jit.trace(fused, modeling.example_input(input_config), check_trace=False)
+            traced = torch.jit.trace(fused, modeling.example_inputs(specs), check_trace=False)
     except Exception as exc:  # noqa: BLE001 - tracing raises many types
         return [], [f"Conv-BN pairs not checked: torch.jit.trace fails on the model ({modeling.first_line(exc)})"]
     modules = dict(fused.named_modules())
@@ -190,14 +190,16 @@ class Model:
     """The recipe's model as the fuse stage leaves it, and what its structure says."""
 
     def __init__(self, recipe_, root):
-        self.input = recipe_.input
+        self.recipe = recipe_
+        self.inputs = recipe_.inputs
+        self.outputs = recipe_.outputs
         with _importable(root):
             model = modeling.build_model(recipe_.model, recipe_.model["seed"])
-            executed, self.converts_to_nhwc = executed_layers(model, self.input)
+            executed, self.converts_to_nhwc = executed_layers(model, self.inputs)
             self.activations = layer_activations(model)
             self.findings = width_findings(model, executed)
             self.fused, _ = fuse.fuse(model, recipe_.fuse)
-        batch_norms, self.notes = unfolded_batch_norms(self.fused, self.input)
+        batch_norms, self.notes = unfolded_batch_norms(self.fused, self.inputs)
         self.findings += batch_norms
         self._quantized = {}
         self.quantization_notes = {}  # (engine, mode, weights) -> how the quantize stage will go about it
@@ -215,8 +217,8 @@ class Model:
                 self._quantized[key] = quantize.dynamic(model, engine, settings.get("weights"))
             else:  # QAT converts to the same quantized modules as static quantization
                 self._quantized[key], self.quantization_notes[key] = quantize.static_any(
-                    model, engine, lambda: [modeling.example_input(self.input)], settings.get("weights"),
-                    "quantize.calibration", self.input)
+                    model, engine, lambda: [modeling.example_inputs(self.inputs)], settings.get("weights"),
+                    "quantize.calibration", self.inputs)
         return copy.deepcopy(self._quantized[key])
 
 

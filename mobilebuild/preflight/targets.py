@@ -10,7 +10,7 @@ import torch
 
 from mobilebuild import probe
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.plan import toolchain
+from mobilebuild.plan import graph, toolchain
 from mobilebuild.preflight.advice import activation_findings, finding
 from mobilebuild.worker import reproducible
 from mobilebuild.worker.stages import export, lower, modeling, nnapi, optimize, quantize
@@ -54,6 +54,9 @@ class TargetCheck:
         for part in name.split("."):
             check = getattr(check, part)
         check(self)
+        fixed = graph.fixed_shape(self.model.recipe, self.route)
+        if fixed:
+            self.notes.append(fixed)
         if self.interpreter and self.route.final_stage != "optimize":
             self.notes.append(f"operations checked with this torch {torch.__version__}; the target builds with "
                               f"its toolchain {self.target.toolchain}")
@@ -78,8 +81,9 @@ class TargetCheck:
         if route.precision(target) == "int8":
             self.int8_kernels(build)
         self.findings += activation_findings(target.id, f"{route.backend}/{route.runtime}", self.model.activations)
-        if route.backend == "xnnpack" and self.model.input["memory_format"] != "channels_last" \
-                and len(self.model.input["shape"]) == 4 and not self.model.converts_to_nhwc:
+        (first, *others) = self.model.inputs
+        if route.backend == "xnnpack" and not others and first["memory_format"] != "channels_last" \
+                and len(first["shape"]) == 4 and not self.model.converts_to_nhwc:
             self.add("advice", "the input is NCHW (contiguous): XNNPACK computes in NHWC and converts around every "
                                "convolution (MobileNetV2 here: about 415 ms against 28 ms); set "
                                "input.memory_format: channels_last (the performance recipe, step 4)",
@@ -96,7 +100,7 @@ class TargetCheck:
         settings = self.target.quantize
         try:
             quantized = self.model.quantized(engine, settings)
-            quantize.check_runs(quantized, self.model.input, engine, field="model")
+            quantize.check_runs(quantized, self.model.inputs, engine, field="model")
         except MobileBuildError as exc:
             self.add("unsupported-op", exc.message, f"int8 ({engine})")
             return
@@ -108,7 +112,6 @@ class TargetCheck:
 
     def nnapi(self):
         mode = self.target.settings.get("nnapi", {}).get("mode", "none")
-        input_config = self.model.input
         if mode != "none" and self.route.engine not in torch_build()["engines"]:
             self.add("needs-build", f"this torch {torch.__version__} has no {self.route.engine!r} quantized engine, "
                                     f"which NNAPI mode {mode} quantizes with", "quantize")
@@ -119,10 +122,10 @@ class TargetCheck:
             else:
                 quantizer, model, _ = nnapi.split_quantized(nnapi.drop_dropout(
                     self.model.quantized(self.route.engine, self.target.quantize)))
-            example = nnapi.nhwc_input(input_config, quantizer)
+            example = nnapi.nhwc_input(self.model.inputs, quantizer)
             with reproducible.jit_session():
                 traced = nnapi.trace(model, example)
-                unsupported = nnapi.unsupported_ops(traced, input_config)
+                unsupported = nnapi.unsupported_ops(traced, self.model.inputs)
                 if not unsupported:  # every kind has a converter; the converter may still refuse their arguments
                     nnapi.to_nnapi(traced, example)
         except MobileBuildError as exc:
@@ -144,7 +147,7 @@ class TargetCheck:
         key = ("lower", delegate, precision, json.dumps(options, sort_keys=True))
         try:
             summary = self.memo(key, lambda: lower.preflight_delegation(
-                self.model.float_copy(), self.model.input, delegate, precision, options))
+                self.model.float_copy(), self.model.inputs, delegate, precision, options))
         except ImportError as exc:  # a delegate's optional dependency (coremltools) is missing
             self.notes.append(f"not checked: ExecuTorch's {delegate} delegate cannot be loaded here "
                               f"({modeling.first_line(exc)})")
@@ -152,13 +155,19 @@ class TargetCheck:
         except MobileBuildError as exc:
             self.add("unsupported-op", exc.message + self._layout_hint(exc.message), f"lowering to {delegate}")
             return
+        summary = dict(summary)
+        load_error = summary.pop("load_error")
         self.facts["delegation"] = summary
+        if load_error:
+            self.add("missing-kernel", load_error, "ExecuTorch runtime")
         name = lower.BACKEND_NAMES[delegate]
         message = lower.undelegated_message(summary, delegate)
         if message:
             self.add("fallback", message, "whole program")
         else:
             for operator, calls in summary["fallback_ops"].items():
+                if load_error and operator in load_error:
+                    continue  # it has no kernel at all: the missing-kernel finding says so
                 self.add("fallback", f"{calls} call{'s' if calls > 1 else ''} on ExecuTorch's portable CPU kernels, "
                                      f"outside {name} (the program makes {summary['delegated_calls']} delegate "
                                      f"call{'s' if summary['delegated_calls'] > 1 else ''})"
@@ -167,7 +176,7 @@ class TargetCheck:
 
     def _layout_hint(self, text):
         """Both were seen with MobileNetV2 and a channels_last input, and are gone with a contiguous one."""
-        if self.model.input["memory_format"] != "channels_last":
+        if self.model.inputs[0]["memory_format"] != "channels_last":
             return ""
         if "as_strided" in text:
             return "; it is the reshape of an NHWC tensor, from the channels_last input (input.memory_format)"
@@ -180,7 +189,8 @@ class TargetCheck:
     def onnx(self):
         opset = self.target.settings.get("onnx", {}).get("opset")
         try:
-            self.memo(("onnx", opset), lambda: export.export_float(self.model.float_copy(), self.model.input, opset)
+            self.memo(("onnx", opset), lambda: export.export_float(self.model.float_copy(), self.model.inputs, opset,
+                                                                 self.model.outputs)
                       .ByteSize())
         except MobileBuildError as exc:
             self.add("unsupported-op", exc.message, "torch.onnx.export")

@@ -41,7 +41,7 @@ DEFAULT_OUT = "release"
 RUN_DOIT_FIRST = "run `doit` first"
 VERIFICATION_KEYS = ("status", "reason", "data", "samples", "metrics", "thresholds", "relaxed", "failures")
 BENCHMARK_KEYS = ("status", "reason", "median_ms", "p10_ms", "p90_ms", "threads", "iters", "warmup", "host")
-TARGET_KEYS = ("backend", "runtime", "precision", "quantization", "pruning", "delegate")
+TARGET_KEYS = ("backend", "runtime", "precision", "quantization", "pruning", "delegate", "fixed_shape")
 # Build state and local environments: never part of the sources a scratch build starts from.
 STATE_AT_TOP = (graph.ARTIFACTS_DIR, ".mobilebuild", ".git")
 STATE_ANYWHERE = ("__pycache__", ".pytest_cache", ".doit.db*")
@@ -201,7 +201,7 @@ def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
         "recipe_sha256": manifest["recipe_sha256"],
         "target": target_id,
         **{key: target.get(key) for key in TARGET_KEYS},
-        "input": manifest.get("input"),  # with the outputs: all an app developer needs to feed and read it
+        "inputs": manifest.get("inputs"),  # with the outputs: all an app developer needs to feed and read it
         "outputs": target.get("outputs"),
         "chain": chain,
         "toolchain": target.get("toolchain", manifest["toolchain"]),

@@ -369,7 +369,8 @@ def _notes(rows):
         notes.append(f"device: {text}" if labels == benchmarked else f"device ({', '.join(labels)}): {text}")
 
     verified = _grouped(
-        (row.label, f"{_text(_get(row.verification, 'samples'))} {_text(_get(row.verification, 'data'))} samples; "
+        (row.label, f"{_text(_get(row.verification, 'samples'))} {_text(_get(row.verification, 'data'))} samples"
+                    f"{_sizes(_dict(_get(row.verification, 'sizes')))}; "
                     f"thresholds: {_thresholds(_dict(_get(row.verification, 'thresholds'))) or NONE}"
                     f"{_relaxed(_dict(_get(row.verification, 'relaxed')))}")
         for row in rows[1:] if isinstance(_get(row.verification, "metrics"), dict))  # only what was checked
@@ -377,12 +378,28 @@ def _notes(rows):
     mismatched = _grouped((row.label, _get(row.verification, "data_note")) for row in rows[1:]
                           if _get(row.verification, "data_note"))
     notes.extend(f"verification data ({', '.join(labels)}): {text}" for text, labels in mismatched.items())
+    fixed = _grouped((row.label, _get(row.verification, "fixed_shape")) for row in rows[1:]
+                     if _get(row.verification, "fixed_shape"))
+    notes.extend(f"sizes ({', '.join(labels)}): {text}" for text, labels in fixed.items())
     for row in rows[1:]:  # what pruning cost, beside the verdict against the pruned model
         summary = _get(_get(row.verification, "against_unpruned"), "summary")
         if summary:
             notes.append(f"against the unpruned fp32 model ({row.label}): {summary}")
     notes.extend(_fallbacks(rows))
     return notes
+
+
+def _sizes(sizes):
+    """' at the dims' min (4), example (32) and max (64) sizes': where a model with dynamic dims was checked."""
+    if not sizes:
+        return ""
+    order = ("min", "example", "max")
+    shown = []
+    for size, found in sorted(sizes.items(), key=lambda item: order.index(item[0]) if item[0] in order else 3):
+        shapes = _dict(_get(found, "shapes"))
+        first = next(iter(shapes.values()), None)
+        shown.append(f"{_text(size)} {_text(first)}" if first is not None else _text(size))
+    return f" at the {', '.join(shown)} sizes"
 
 
 def _device(device):
@@ -406,6 +423,9 @@ def _section(manifest):
     if _get(manifest, "recipe_file") or _get(manifest, "recipe_sha256"):
         about.append(f"Recipe {_text(_get(manifest, 'recipe_file'))}, sha256 "
                      f"{_short(_text(_get(manifest, 'recipe_sha256')))}.")
+    interface = _interface(manifest)
+    if interface:
+        about.append(interface)
     if not isinstance(_get(manifest, "targets"), list):
         about.append("This manifest lists no targets, verification or benchmarks (written by an older mobilebuild?): "
                      "targets are taken from its artifacts.")
@@ -422,6 +442,31 @@ def _section(manifest):
         section.plots.append(Plot(f"{recipe}: artifact size vs median latency", f"{stem}-size-latency.png",
                                   plot_size_latency))
     return section
+
+
+def _interface(manifest):
+    """'Inputs: ids [1, seq] int64 in [0, 64), ...; seq from 4 to 64. Outputs: scores [1, 4] float32.': what an app
+    feeds the model and reads from it."""
+    inputs = [spec for spec in (_get(manifest, "inputs") or []) if isinstance(spec, dict)]
+    if not inputs:
+        return None
+    dims, described = {}, []
+    for spec in inputs:
+        shape = [_text(size) for size in (spec.get("shape") if isinstance(spec.get("shape"), list) else [])]
+        for dim in spec.get("dynamic") if isinstance(spec.get("dynamic"), list) else []:
+            if isinstance(dim, dict) and isinstance(dim.get("axis"), int) and 0 <= dim["axis"] < len(shape):
+                shape[dim["axis"]] = _text(dim.get("dim"))
+                dims[_text(dim.get("dim"))] = f"from {_text(dim.get('min'))} to {_text(dim.get('max'))}"
+        values = f" in [{', '.join(map(_text, spec['range']))})" if isinstance(spec.get("range"), list) else ""
+        described.append(f"{_text(spec.get('name'))} [{', '.join(shape)}] {_text(spec.get('dtype'))}{values}")
+    text = f"Inputs: {', '.join(described)}"
+    text += "".join(f"; {name} {extent}" for name, extent in dims.items())
+    outputs = next((_get(target, "outputs") for target in (_get(manifest, "targets") or [])
+                    if isinstance(_get(target, "outputs"), list)), None)
+    if outputs:
+        text += ". Outputs: " + ", ".join(f"{_text(_get(out, 'name'))} {_text(_get(out, 'shape'))} "
+                                          f"{_text(_get(out, 'dtype'))}" for out in outputs if isinstance(out, dict))
+    return text + "."
 
 
 def _distinct_lines(title, sourced, empty):

@@ -28,7 +28,10 @@ def leaves(output, prefix=""):
     return found
 
 
-def describe(output):
-    """[{name, shape, dtype}] of each output tensor: what an app developer needs to read the model's results."""
+def describe(output, names=None):
+    """[{name, shape, dtype}] of each output tensor: what an app developer needs to read the model's results.
+    `names`: the recipe's, in place of the paths."""
+    found = leaves(output)
+    names = names if names is not None and len(names) == len(found) else [name for name, _ in found]
     return [{"name": name, "shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
-            for name, value in leaves(output)]
+            for name, (_, value) in zip(names, found)]

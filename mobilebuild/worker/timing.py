@@ -47,7 +47,7 @@ def measure(spec):
     timing = config.timing
     _reset_peak_rss()
     torch.set_num_threads(timing["threads"])
-    example = modeling.example_input(config.input)  # one input, reused: the recipe's Android advice
+    example = modeling.example_inputs(config.inputs)  # one example, reused: the recipe's Android advice
     samples = []
     # a live counter on a terminal; four lines in a log
     step = max(1, timing["iters"] // (20 if sys.stderr.isatty() else 4))
@@ -57,10 +57,10 @@ def measure(spec):
         model = runtimes.load(spec["path"], config)
         load_ms = (time.perf_counter() - started) * 1e3
         for _ in range(timing["warmup"]):
-            model(example)
+            model(*example)
         for index in range(timing["iters"]):
             started = time.perf_counter_ns()
-            model(example)
+            model(*example)
             samples.append((time.perf_counter_ns() - started) / 1e6)
             if (index + 1) % step == 0:
                 print(f"   {spec['label']}: {index + 1}/{timing['iters']} iterations", end=end, file=sys.stderr,

@@ -13,13 +13,14 @@ setting does not reach it).
 
 import contextlib
 import os
+import re
 import sys
 import threading
 from pathlib import Path
 
 import torch
 
-from mobilebuild.errors import MobileBuildError
+from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.worker import pte
 from mobilebuild.worker.quiet import quiet
 
@@ -27,13 +28,18 @@ CHANNELS_LAST_DIM_ORDER = [0, 2, 3, 1]
 # What the runtime writes to the process's stderr when it first sizes its thread pool: the CPU facts it looked for
 # ("Failed to open midr file", "CPU info and manual query on # of cpus dont match" on every x86 host).
 CPUINFO_NOTES = b"[cpuinfo_utils.cpp:"
+# What it writes while loading a method whose operators it lacks: a dump of every registered kernel's dtypes and dim
+# orders (hundreds of lines), then one line per missing operator.
+LOADING_NOTES = (b"[operator_registry.cpp:", b"[method.cpp:")
+MISSING_OPERATOR = re.compile(r"Missing operator: \[\d+\] (\S+)")
 
 
 @contextlib.contextmanager
-def without_cpuinfo_notes():
-    """The runtime's CPU probing notes, which say nothing about the program, kept out of build logs. Native code
-    writes them to file descriptor 2: it goes through a pipe whose other lines are passed on as they come (a
-    crash's last words included)."""
+def without_cpuinfo_notes(kept=None):
+    """The runtime's CPU probing notes, which say nothing about the program, kept out of build logs; with a list
+    `kept`, its method-loading notes are collected there instead of printed. Native code writes them to file
+    descriptor 2: it goes through a pipe whose other lines are passed on as they come (a crash's last words
+    included)."""
     sys.stderr.flush()
     read_end, write_end = os.pipe()
     stderr = os.dup(2)
@@ -43,14 +49,20 @@ def without_cpuinfo_notes():
     def forward():
         with os.fdopen(read_end, "rb") as lines:
             for line in lines:
-                if not line.startswith(CPUINFO_NOTES):
+                if kept is not None and line.startswith(LOADING_NOTES):
+                    kept.append(line.decode(errors="replace"))
+                elif not line.startswith(CPUINFO_NOTES):
                     os.write(stderr, line)
 
     forwarding = threading.Thread(target=forward, daemon=True)
     forwarding.start()
+    # the runtime's Python binding logs through sys.stderr, which need not be file descriptor 2 (under pytest, say)
+    python_stderr = open(2, "w", closefd=False)
     try:
-        yield
+        with contextlib.redirect_stderr(python_stderr):
+            yield
     finally:
+        python_stderr.flush()
         sys.stderr.flush()
         os.dup2(stderr, 2)  # closes the pipe's last write end: the forwarding ends with the lines written
         forwarding.join()
@@ -66,10 +78,15 @@ def _set_threads(config):
             portable_lib._unsafe_reset_threadpool(int(threads))
 
 
-def check_runs_here(path, backends):
+def unavailable(backends):
+    """The backends of `backends` this host's runtime does not have."""
     from executorch.runtime import Runtime
 
-    missing = [b for b in backends if not Runtime.get().backend_registry.is_available(b)]
+    return [b for b in backends if not Runtime.get().backend_registry.is_available(b)]
+
+
+def check_runs_here(path, backends):
+    missing = unavailable(backends)
     if missing:
         raise MobileBuildError(f"{Path(path).name} delegates to {', '.join(missing)}, which this host's ExecuTorch "
                                "runtime does not have: it runs only on a device with that backend (the host runs "
@@ -82,16 +99,35 @@ def _in_dim_order(tensor, dim_order):
     return tensor.contiguous()
 
 
+def load_method(data):
+    """(program, its forward method) in this host's runtime; a method that cannot load is one line: the operators
+    no kernel library of the runtime has (the portable kernels run what the delegate did not take), or the
+    runtime's own error, without its log of every registered kernel."""
+    from executorch.runtime import Runtime
+
+    notes = []
+    with without_cpuinfo_notes(kept=notes):
+        try:
+            program = Runtime.get().load_program(data)
+            return program, program.load_method("forward")
+        except RuntimeError as exc:
+            error = exc
+    missing = list(dict.fromkeys(match[1] for note in notes for match in MISSING_OPERATOR.finditer(note)))
+    if missing:
+        raise MobileBuildError(f"the program cannot load: ExecuTorch's runtime has no kernel for {few(missing)} "
+                               "(outside the delegate, operators run on the portable kernels); replace that operation "
+                               "in the model, or ship a runtime built with a kernel library that has it",
+                               field="targets") from None
+    raise MobileBuildError(f"the program cannot load in ExecuTorch's runtime: {error}", field="targets") from None
+
+
 def load(path, config):
     facts = pte.read(path)
     check_runs_here(path, facts.backends)
     dim_orders = facts.input_dim_orders
-    from executorch.runtime import Runtime
-
     with without_cpuinfo_notes():
         _set_threads(config)
-        program = Runtime.get().load_program(facts.data)
-        method = program.load_method("forward")
+    program, method = load_method(facts.data)
 
     def run(*inputs, _program=program):  # the method uses the program's memory: keep the program alive with it
         outputs = method.execute([_in_dim_order(x, order) for x, order in zip(inputs, dim_orders, strict=True)])

@@ -34,14 +34,16 @@ def session_options(threads):
 
 
 class OnnxModel:
-    """An InferenceSession as a callable from a tensor to a tensor (a tuple of tensors for several outputs)."""
+    """An InferenceSession as a callable from input tensors, in the graph's input order, to a tensor (a tuple of
+    tensors for several outputs)."""
 
     def __init__(self, session):
         self.session = session
-        self.input_name = session.get_inputs()[0].name
+        self.input_names = [value.name for value in session.get_inputs()]
 
-    def __call__(self, tensor):
-        feeds = {self.input_name: tensor.detach().cpu().contiguous().numpy()}
+    def __call__(self, *tensors):
+        feeds = {name: tensor.detach().cpu().contiguous().numpy()
+                 for name, tensor in zip(self.input_names, tensors, strict=True)}
         outputs = [torch.from_numpy(value) for value in self.session.run(None, feeds)]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

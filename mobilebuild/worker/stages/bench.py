@@ -53,6 +53,8 @@ def run(inputs, config, output):
               # what a download or an app store ships: zeros from pruning shrink this, not artifact_bytes
               "artifact_compressed_bytes": len(zlib.compress(data, 6)),
               "artifact_sha256": store.sha256_file(artifact),
+              # the sizes it ran at: a model with dynamic dims is timed at their example sizes
+              "input_shapes": {spec["name"]: spec["shape"] for spec in config.inputs},
               "host": host(), "toolchain": toolchain.versions()}
     if config.runs_on_host:
         # the progress label: not in the config, which keys the cache (identical models share their timings)
@@ -77,12 +79,16 @@ SPEED_BENCHMARK_TYPES = {"float32": "float", "uint8": "uint8_t", "int64": "int64
 
 
 def on_device(artifact, config):
-    settings, dtype = config.device, config.input["dtype"]
-    if dtype not in SPEED_BENCHMARK_TYPES and not settings["use_bundled_input"]:
+    settings, dtypes = config.device, [spec["dtype"] for spec in config.inputs]
+    other = next((dtype for dtype in dtypes if dtype not in SPEED_BENCHMARK_TYPES), None)
+    if other and not settings["use_bundled_input"]:
         return {"status": "skipped", "reason": f"speed_benchmark_torch makes {', '.join(SPEED_BENCHMARK_TYPES)} "
-                                               f"inputs only, not {dtype}: set benchmark.device.use_bundled_input"}
+                                               f"inputs only, not {other}: set benchmark.device.use_bundled_input"}
+    # several inputs: --input_dims "1,3,224,224;1,8" --input_type "float;int64" (the binary splits both on ';')
     return device.benchmark_on_device(
-        artifact, serial=settings["serial"], input_dims=config.input["shape"],
-        input_type=SPEED_BENCHMARK_TYPES.get(dtype, "float"), warmup=config.timing["warmup"],
+        artifact, serial=settings["serial"], input_dims=";".join(",".join(map(str, spec["shape"]))
+                                                               for spec in config.inputs),
+        input_type=";".join(SPEED_BENCHMARK_TYPES.get(dtype, "float") for dtype in dtypes),
+        warmup=config.timing["warmup"],
         iters=config.timing["iters"], threads=config.timing["threads"],
         use_bundled_input=settings["use_bundled_input"], binary=settings["binary"])

@@ -9,16 +9,21 @@ import torch
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker.stages import modeling
 
+CYCLE = ("example", "min", "max")  # the first batch, which ExecuTorch exports, at the example sizes
 
-def batches(calibration, input_config):
-    """The batches `calibration` (the recipe's quantize.calibration) describes, for `input_config`'s input."""
+
+def batches(calibration, specs):
+    """The batches `calibration` (the recipe's quantize.calibration) describes, for the inputs `specs`: each a tuple
+    of tensors in forward's order, of the inputs' dtypes and shapes (dynamic dims within their ranges)."""
     source = calibration["source"]
-    if source == "random":
-        return (modeling.example_input(input_config, seed=calibration["seed"] + i)
+    if source == "random":  # dynamic dims at their example, smallest and largest sizes in turn: ranges span them all
+        return (modeling.example_inputs(specs, seed=calibration["seed"] + i, size=CYCLE[i % len(CYCLE)])
                 for i in range(calibration["batches"]))
     if source == "images":
-        return _image_batches(calibration, input_config)
-    return _function_batches(calibration, 0, calibration["batches"])
+        return ((batch,) for batch in _image_batches(calibration, specs))
+    at = field(calibration)
+    return (modeling.as_inputs(batch, specs, at, any_batch=True)
+            for batch in _function_batches(calibration, 0, calibration["batches"]))
 
 
 def _function_batches(calibration, start, stop):
@@ -48,31 +53,32 @@ def _user_batches(stream, spec, at):
         yield batch
 
 
-def _image_batches(calibration, input_config):
-    files = _image_files(calibration, input_config)
-    images = [_read_image(file, calibration, input_config) for file in files]  # all: each must be an image
+def _image_batches(calibration, specs):
+    files = _image_files(calibration, specs)
+    images = [_read_image(file, calibration, specs[0]) for file in files]  # all: each must be an image
     stream = itertools.cycle(images)
     for _ in range(calibration["batches"]):
-        yield torch.stack([next(stream) for _ in range(input_config["shape"][0])])
+        yield torch.stack([next(stream) for _ in range(specs[0]["shape"][0])])
 
 
-def _image_files(calibration, input_config):
-    shape = input_config["shape"]
-    if len(shape) != 4 or shape[1] not in (1, 3) or not modeling.DTYPES[input_config["dtype"]].is_floating_point:
-        raise MobileBuildError(f"image calibration needs a float input of shape [N, 1 or 3, H, W], got "
-                               f"{input_config['dtype']} {shape}", field="quantize.calibration.source")
+def _image_files(calibration, specs):
+    shape, dtype = specs[0]["shape"], specs[0]["dtype"]
+    if len(specs) > 1 or len(shape) != 4 or shape[1] not in (1, 3) or not modeling.DTYPES[dtype].is_floating_point:
+        raise MobileBuildError(f"image calibration needs one float input of shape [N, 1 or 3, H, W], got "
+                               f"{modeling.describe_inputs(specs)}: give the others through a calibration function",
+                               field="quantize.calibration.source")
     files = sorted(p for p in Path(calibration["path"]).rglob("*") if p.is_file())
     if not files:
         raise MobileBuildError(f"{calibration['path']} holds no images", field="quantize.calibration.path")
     return files
 
 
-def _read_image(file, calibration, input_config):
+def _read_image(file, calibration, spec):
     """One image as the model's input expects it: resized, scaled to [0, 1], then normalised by the recipe's mean
     and std."""
     from PIL import Image, UnidentifiedImageError
 
-    _, channels, height, width = input_config["shape"]
+    _, channels, height, width = spec["shape"]
     try:
         with Image.open(file) as image:
             image = image.convert("L" if channels == 1 else "RGB").resize((width, height))
@@ -85,10 +91,11 @@ def _read_image(file, calibration, input_config):
     return (data.view(height, width, channels).permute(2, 0, 1).float() / 255.0 - mean) / std
 
 
-def holdout(calibration, input_config, samples):
+def holdout(calibration, specs, samples):
     """Up to `samples` inputs from the calibration source that calibration never sees (verify.evaluation:
-    calibration-holdout), stacked: the images after those calibration reads, or the batches the user's function
-    yields after calibration's. None for random batches: verification draws from a stream of its own anyway."""
+    calibration-holdout), stacked per input (a tuple): the images after those calibration reads, or the batches the
+    user's function yields after calibration's. None for random batches: verification draws from a stream of its own
+    anyway."""
     where = "verify.evaluation"
     if calibration is None:
         raise MobileBuildError("calibration-holdout verifies on the calibration source, and this recipe has none: "
@@ -96,28 +103,25 @@ def holdout(calibration, input_config, samples):
     if calibration["source"] == "random":
         return None
     if calibration["source"] == "images":
-        files = _image_files(calibration, input_config)
-        used = min(len(files), calibration["batches"] * input_config["shape"][0])
+        files = _image_files(calibration, specs)
+        used = min(len(files), calibration["batches"] * specs[0]["shape"][0])
         if used == len(files):
             raise MobileBuildError(f"calibration reads all {len(files)} images of {calibration['path']} "
-                                   f"({calibration['batches']} batches of {input_config['shape'][0]}); "
+                                   f"({calibration['batches']} batches of {specs[0]['shape'][0]}); "
                                    "calibration-holdout needs images it does not read: add images, or lower "
                                    "quantize.calibration.batches", field=where)
-        return torch.stack([_read_image(file, calibration, input_config) for file in files[used:used + samples]])
-    spec = calibration["function"]
+        return (torch.stack([_read_image(file, calibration, specs[0]) for file in files[used:used + samples]]),)
+    spec, at = calibration["function"], field(calibration)
     kept, rows = [], 0
     for batch in _function_batches(calibration, calibration["batches"], None):
-        if not isinstance(batch, torch.Tensor):
-            raise MobileBuildError(f"calibration-holdout verifies on tensor batches; {spec} yields "
-                                   f"{type(batch).__name__}", field=where)
-        kept.append(batch)
-        rows += len(batch)
+        kept.append(modeling.as_inputs(batch, specs, at, any_batch=True))
+        rows += len(kept[-1][0])
         if rows >= samples:
             break
     if not kept:
         raise MobileBuildError(f"{spec} yields nothing after calibration's {calibration['batches']} batches: "
                                "calibration-holdout needs more, or lower quantize.calibration.batches", field=where)
-    return torch.cat(kept)[:samples]
+    return tuple(torch.cat(parts)[:samples] for parts in zip(*kept))
 
 
 def field(calibration):
@@ -125,22 +129,16 @@ def field(calibration):
     return "quantize.calibration.function" if calibration.get("source") == "function" else "quantize.calibration"
 
 
-def shape_of(batch):
-    """A batch's shape for a message: a tensor's, a list of them for a tuple, the type's name for anything else."""
-    if isinstance(batch, (tuple, list)):
-        return [shape_of(item) for item in batch]
-    return list(batch.shape) if isinstance(batch, torch.Tensor) else type(batch).__name__
-
-
 def calibrate(model, batches, field):
-    """Run the batches through a model with observers; `field` is the recipe setting they come from."""
+    """Run the batches (tuples of input tensors) through a model with observers; `field` is the recipe setting they
+    come from."""
     seen = 0
     with torch.no_grad():
         for batch in batches:
             try:
-                model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+                model(*batch)
             except Exception as exc:  # batches of the wrong shape or type, from the user's calibration function
-                raise MobileBuildError(f"the model rejects a calibration batch of shape {shape_of(batch)}: "
+                raise MobileBuildError(f"the model rejects a calibration batch {modeling.shape_of(batch)}: "
                                        f"{modeling.first_line(exc)}", field=field) from None
             seen += 1
     if not seen:

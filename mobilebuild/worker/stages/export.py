@@ -10,6 +10,10 @@ deprecated) silently records the one branch the example input took; it captures 
 and its onnxscript optimizer folds constants. Its output is deterministic once the free-form text it attaches to
 nodes is removed: source stack traces with absolute file paths and FX node dumps (see `reproducible`).
 
+Inputs take the recipe's names (a lone `input:` is "input"), and its dynamic dims become dynamic axes (torch.export
+Dims, named after the recipe's dims); outputs take the recipe's `outputs` names, else "output" for a lone tensor and
+the path of each tensor in the returned structure ("out", "1", "heads.0") otherwise.
+
 Options (config.options): "opset": the ai.onnx opset to target, None for the exporter's default (20 with torch
 2.12). Opsets below 18 are refused: this exporter writes 18 and up, and silently keeps 18 when conversion down fails.
 
@@ -28,12 +32,11 @@ import onnx
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import progress
+from mobilebuild.worker import outputs, progress
 from mobilebuild.worker.quiet import quiet
-from mobilebuild.worker.stages import calibration, fuse, modeling
+from mobilebuild.worker.stages import calibration, fuse, lower, modeling
 
 MIN_OPSET = 18  # the exporter's own floor (torch.onnx's TORCHLIB_OPSET)
-INPUT_NAME, OUTPUT_NAME = "input", "output"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in \w+\n\s+(?P<code>\S[^\n]*)')
 _ATEN_TARGET = re.compile(r"target=torch\.ops\.([\w.]+?)(?:\.default)?\]")
@@ -48,16 +51,32 @@ def check_opset(opset):
                                f"{newest}", field="targets.onnx.opset")
 
 
-def export_float(model, input_config, opset=None):
-    """The float model as an ONNX ModelProto, weights inside, static input shape."""
+def output_names(model, examples, names=None):
+    """The ONNX output names: the recipe's, checked against the model's output tensors, or their paths."""
+    with torch.no_grad():
+        found = [name for name, _ in outputs.leaves(model(*examples))]
+    if names is None:
+        return found
+    if len(names) != len(found):
+        raise MobileBuildError(f"{len(names)} names for {len(found)} output tensor(s) ({', '.join(found)})",
+                               field="outputs")
+    return list(names)
+
+
+def export_float(model, specs, opset=None, names=None):
+    """The float model as an ONNX ModelProto, weights inside, the inputs' dynamic dims as dynamic axes."""
     check_opset(opset)
-    example = modeling.example_input(input_config).contiguous()  # ONNX tensors have no memory format
+    examples = tuple(x.contiguous() for x in modeling.example_inputs(specs))  # ONNX tensors have no memory format
+    model = model.eval()
+    produced = output_names(model, examples, names)
+    shapes = lower.dynamic_shapes(specs)
     # On failure torch.export prints the partial graphs it captured and logs warnings about symbolic shapes; the
     # one-line error made of the exception says what matters.
     with torch.no_grad(), quiet(logs=logging.WARNING, warnings=False):
         try:
-            program = torch.onnx.export(model.eval(), (example,), dynamo=True, opset_version=opset, verbose=False,
-                                        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+            program = torch.onnx.export(model, examples, dynamo=True, opset_version=opset, verbose=False,
+                                        input_names=[spec["name"] for spec in specs], output_names=produced,
+                                        **({"dynamic_shapes": shapes} if shapes else {}))
         except Exception as exc:  # torch.export and the ONNX translation raise many types
             raise export_error(exc) from None
     proto = program.model_proto
@@ -128,27 +147,22 @@ def _graphs(graph):
 
 
 class _CalibrationReader:
-    """calibration.batches as ONNX Runtime's CalibrationDataReader; a batch the exported model cannot take (its input
-    shape is fixed) is the calibration setting's fault."""
+    """calibration.batches as ONNX Runtime's CalibrationDataReader, feeding every input by name; a batch the exported
+    model cannot take (a size other than a fixed one) is the calibration setting's fault."""
 
-    def __init__(self, batches, input_config, field):
-        self.batches, self.shape, self.field, self.seen = iter(batches), list(input_config["shape"]), field, 0
-        self.dtype = modeling.DTYPES[input_config["dtype"]]
+    def __init__(self, batches, specs, field):
+        self.batches, self.specs, self.field, self.seen = iter(batches), specs, field, 0
 
     def get_next(self):
         batch = next(self.batches, None)
         if batch is None:
             return None
-        if isinstance(batch, (tuple, list)) and len(batch) == 1:
-            batch = batch[0]
-        if not isinstance(batch, torch.Tensor) or list(batch.shape) != self.shape:
-            raise MobileBuildError(f"a calibration batch has shape {calibration.shape_of(batch)}; the exported model "
-                                   f"takes one input of shape {self.shape}", field=self.field)
+        tensors = modeling.as_inputs(batch, self.specs, self.field)
         self.seen += 1
-        return {INPUT_NAME: batch.detach().to(self.dtype).contiguous().numpy()}
+        return {spec["name"]: t.detach().contiguous().numpy() for spec, t in zip(self.specs, tensors)}
 
 
-def quantize_int8(proto, settings, input_config, weights=None):
+def quantize_int8(proto, settings, specs, weights=None):
     """Static QDQ quantization of the float ONNX model, calibrated on the recipe's batches (`settings`: its
     quantize.calibration)."""
     from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
@@ -156,7 +170,7 @@ def quantize_int8(proto, settings, input_config, weights=None):
     if not settings:
         raise MobileBuildError("int8 ONNX export needs calibration batches", field="quantize.calibration")
     field = calibration.field(settings)
-    reader = _CalibrationReader(calibration.batches(settings, input_config), input_config, field)
+    reader = _CalibrationReader(calibration.batches(settings, specs), specs, field)
     with tempfile.TemporaryDirectory(prefix="mobilebuild-onnx-") as folder:
         prepared, quantized = Path(folder) / "prepared.onnx", Path(folder) / "quantized.onnx"
         quant_pre_process(proto, prepared, skip_optimization=True, skip_symbolic_shape=True)
@@ -174,10 +188,10 @@ def quantize_int8(proto, settings, input_config, weights=None):
 def run(inputs, config, output):
     model = fuse.load(inputs["model"], config)
     progress.note("torch.onnx.export")
-    proto = export_float(model, config.input, (config.options or {}).get("opset"))
+    proto = export_float(model, config.inputs, (config.options or {}).get("opset"), config.outputs)
     if config.precision == "int8":
         progress.note("quantizing with ONNX Runtime's quantize_static")
-        proto = quantize_int8(proto, config.calibration, config.input, config.weights)
+        proto = quantize_int8(proto, config.calibration, config.inputs, config.weights)
     data = reproducible(proto).SerializeToString()
     with open(output, "wb") as handle:
         handle.write(data)

@@ -9,6 +9,7 @@ import warnings
 import torch
 from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.backend_config import get_native_backend_config, get_qnnpack_backend_config
+from torch.ao.quantization.observer import ObserverBase
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 from mobilebuild.errors import MobileBuildError
@@ -25,29 +26,71 @@ def _mapping(engine, qconfig):
     return mapping if qconfig is None else mapping.set_global(qconfig)
 
 
-def prepared(model, engine, input_config, qconfig=None):
+def prepared(model, engine, specs, qconfig=None):
     """The model traced by FX with observers in place, ready to calibrate."""
-    example = (modeling.example_input(input_config),)
+    example = modeling.example_inputs(specs)
     try:
-        return prepare_fx(model.eval(), _mapping(engine, qconfig), example, backend_config=_backend_config(engine))
+        observed = prepare_fx(model.eval(), _mapping(engine, qconfig), example, backend_config=_backend_config(engine))
     except Exception as exc:  # symbolic tracing raises many types on data-dependent Python
         raise MobileBuildError(f"FX graph mode cannot trace the model for quantization ({modeling.first_line(exc)}); "
                                "make forward free of Python control flow on tensor values, or use quantize.mode: "
                                "dynamic", field="model") from None
+    return _integers_unobserved(observed, example)
 
 
-def static(model, engine, batches, input_config, qconfig=None, field="quantize.calibration"):
+def _integers_unobserved(observed, example):
+    """The observed model without the observers FX put on integer tensors: an attention mask that forward turns into
+    floats (`mask.unsqueeze(-1).to(torch.float32)`) gets observers up to the conversion, which cannot take integers
+    ("histogram_cpu" not implemented for 'Long') and must not quantize them: integer inputs pass through. Found by
+    running the example: the first one fails the run, so it runs again until none is left."""
+    while True:
+        integer = _first_integer_observer(observed, example)
+        if integer is None:
+            return observed
+        (node,) = [node for node in observed.graph.nodes if node.op == "call_module" and node.target == integer]
+        node.replace_all_uses_with(node.args[0])
+        observed.graph.erase_node(node)
+        delattr(observed, integer)
+        observed.recompile()
+
+
+def _first_integer_observer(observed, example):
+    seen = []
+
+    def note(name, args):
+        if not args[0].is_floating_point():
+            seen.append(name)
+            raise _IntegerObserved
+
+    hooks = [module.register_forward_pre_hook(lambda _, args, name=name: note(name, args))
+             for name, module in observed.named_modules() if isinstance(module, ObserverBase)]
+    try:
+        with torch.no_grad():
+            observed(*example)
+    except _IntegerObserved:
+        pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen[0] if seen else None
+
+
+class _IntegerObserved(Exception):
+    pass
+
+
+def static(model, engine, batches, specs, qconfig=None, field="quantize.calibration"):
     """Calibrate on `batches` and convert."""
-    observed = prepared(model, engine, input_config, qconfig)
+    observed = prepared(model, engine, specs, qconfig)
     calibration.calibrate(observed, batches, field)
     return convert_fx(observed, backend_config=_backend_config(engine))
 
 
-def rebuild(model, engine, input_config, qconfig=None):
+def rebuild(model, engine, specs, qconfig=None):
     """The converted structure without calibration, for a stored state_dict to be loaded into."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # converting uncalibrated observers warns
-        return convert_fx(prepared(model, engine, input_config, qconfig), backend_config=_backend_config(engine))
+        return convert_fx(prepared(model, engine, specs, qconfig), backend_config=_backend_config(engine))
 
 
 def kept_float(converted):

@@ -7,10 +7,12 @@ serialization. XNNPACK and Core ML take their recipes from ExecuTorch's registry
 PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights, or PER_TENSOR when the recipe's
 quantize.weights says per_tensor; CoreMLRecipeType.FP16/FP32 and PT2E_INT8_STATIC); Vulkan and MPS have no recipe
 provider in ExecuTorch 1.3.1, so their recipe is the partitioner alone. int8 is calibrated on the recipe's
-calibration batches (`config.calibration`), which are also the export's example inputs. Programs are exported
-for NCHW input whatever input.memory_format says (that setting is PyTorch Mobile's advice): the delegates choose
-their own layout inside, while an NHWC export leaves a layout copy outside the delegate (MobileNetV2:
-aten::as_strided_copy on the portable kernels, and two XNNPACK calls instead of one) and Core ML refuses it.
+calibration batches (`config.calibration`), which are also the export's example inputs. The recipe's dynamic dims
+become torch.export `Dim`s (shared by name between inputs, with their min and max), so the program takes any size
+in range. Programs are exported for NCHW input whatever input.memory_format says (that setting is PyTorch Mobile's
+advice): the delegates choose their own layout inside, while an NHWC export leaves a layout copy outside the
+delegate (MobileNetV2: aten::as_strided_copy on the portable kernels, and two XNNPACK calls instead of one) and Core
+ML refuses it.
 
 Delegate options (`config.options`, all optional):
   coreml:  compute_units     "all" (default) | "cpu_and_gpu" | "cpu_and_ne" | "cpu_only"
@@ -20,7 +22,7 @@ Delegate options (`config.options`, all optional):
   xnnpack: none
 
 How much of a program went to delegates is read from the .pte itself (`pte.read(...).delegation`);
-`preflight_delegation(model, input_config, delegate)` lowers in memory and says the same before any build.
+`preflight_delegation(model, specs, delegate)` lowers in memory and says the same before any build.
 """
 
 import torch
@@ -30,6 +32,7 @@ from mobilebuild.worker import progress, pte
 from mobilebuild.worker.coreml import reproducible_coreml
 from mobilebuild.worker.executorch_setup import ensure_flatc
 from mobilebuild.worker.quiet import quiet
+from mobilebuild.worker.runtimes import executorch as et_runtime
 from mobilebuild.worker.stages import calibration, fuse, modeling
 
 DELEGATES = ("xnnpack", "vulkan", "coreml", "mps")
@@ -114,24 +117,28 @@ def export_recipe(delegate, precision, options, weights=None):
 
 # --- calibration ---------------------------------------------------------------------------------------------
 
-def in_layout(tensor):
+def in_layout(tensors):
     """The layout a program is exported for: NCHW (see the module's docstring)."""
-    return tensor.contiguous()
+    return tuple(tensor.contiguous() for tensor in tensors)
 
 
-def calibration_samples(settings, input_config):
+def dynamic_shapes(specs):
+    """torch.export's dynamic_shapes for the inputs (a tuple in forward's order: {axis: Dim} or None each), or None
+    when every size is fixed. One Dim per name, so inputs that share a dim must agree on its size."""
+    if not any(spec.get("dynamic") for spec in specs):
+        return None
+    made = {}
+    for spec in specs:
+        for dim in spec.get("dynamic", ()):
+            made.setdefault(dim["dim"], torch.export.Dim(dim["dim"], min=dim["min"], max=dim["max"]))
+    return tuple({dim["axis"]: made[dim["dim"]] for dim in spec.get("dynamic", ())} or None for spec in specs)
+
+
+def calibration_samples(settings, specs):
     """The recipe's calibration batches (`settings`: its quantize.calibration) as ExecuTorch's example inputs
-    (tuples), in the input's layout. The exported program has static shapes, so every batch must have the input's
-    shape."""
+    (tuples), in the inputs' layout. The program's fixed sizes are the inputs' (dynamic dims may vary in range)."""
     field = calibration.field(settings)
-    expected = list(input_config["shape"])
-    samples = []
-    for index, batch in enumerate(calibration.batches(settings, input_config)):
-        tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        if len(tensors) != 1 or not isinstance(tensors[0], torch.Tensor) or list(tensors[0].shape) != expected:
-            raise MobileBuildError(f"calibration batch {index} is {calibration.shape_of(batch)}, expected one "
-                                   f"tensor of shape {expected} (the input the program is exported for)", field=field)
-        samples.append((in_layout(tensors[0].to(modeling.DTYPES[input_config["dtype"]])),))
+    samples = [in_layout(modeling.as_inputs(batch, specs, field)) for batch in calibration.batches(settings, specs)]
     if not samples:
         raise MobileBuildError("calibration produced no batches", field=field)
     return samples
@@ -177,19 +184,21 @@ def failure_message(stage_type, delegate, exc):
     return f"ExecuTorch could not build the program: {type(exc).__name__}: {detail}"
 
 
-def lower_to_bytes(model, input_config, delegate, precision="fp32", options=None, samples=None, weights=None):
+def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, samples=None, weights=None):
     """The .pte bytes of `model` lowered for `delegate`. `samples`: example inputs as tuples, the first one
-    exported, all of them calibrating int8 (default: input_config's example input). Raises MobileBuildError for
-    settings and models that cannot be lowered, ImportError when the delegate's own dependency is missing."""
+    exported, all of them calibrating int8 (default: the inputs' example). Raises MobileBuildError for settings and
+    models that cannot be lowered, ImportError when the delegate's own dependency is missing."""
     check_options(delegate, precision, options, weights)
     ensure_flatc()
-    samples = samples or [(in_layout(modeling.example_input(input_config)),)]
+    samples = samples or [in_layout(modeling.example_inputs(specs))]
+    shapes = dynamic_shapes(specs)
     with quiet():
         from executorch.export import ExportSession
 
         torch.manual_seed(0)
         session = ExportSession(model=model.eval(), example_inputs=samples,
-                                export_recipe=export_recipe(delegate, precision, options, weights))
+                                export_recipe=export_recipe(delegate, precision, options, weights),
+                                **({"dynamic_shapes": {"forward": shapes}} if shapes else {}))
         _announce_stages(session, delegate, precision, len(samples))
         try:
             with torch.no_grad(), reproducible_coreml(delegate):
@@ -221,10 +230,23 @@ def _announce_stages(session, delegate, precision, batches):
 
 # --- delegation summary ------------------------------------------------------------------------------------------
 
-def preflight_delegation(model, input_config, delegate, precision="fp32", options=None, weights=None):
-    """Lower in memory and summarise, for a check before any build: how much would `delegate` take? Quantization
-    is calibrated on the example input only: which operators get delegated does not depend on the ranges."""
-    return pte.read(lower_to_bytes(model, input_config, delegate, precision, options, weights=weights)).delegation
+def preflight_delegation(model, specs, delegate, precision="fp32", options=None, weights=None):
+    """Lower in memory and summarise, for a check before any build: how much would `delegate` take, and does the
+    program load where the host can load it ("load_error": why not, or None)? Quantization is calibrated on the
+    example input only: which operators get delegated does not depend on the ranges."""
+    data = lower_to_bytes(model, specs, delegate, precision, options, weights=weights)
+    try:
+        check_loads(data)
+    except MobileBuildError as exc:
+        return {**pte.read(data).delegation, "load_error": exc.message}
+    return {**pte.read(data).delegation, "load_error": None}
+
+
+def check_loads(data):
+    """A program whose delegates this host's runtime has must load in it: one needing an operator no kernel
+    library has is refused here, in one line, rather than written and failing in every app that loads it."""
+    if not et_runtime.unavailable(pte.read(data).backends):
+        et_runtime.load_method(data)
 
 
 def undelegated_message(summary, delegate):
@@ -236,18 +258,18 @@ def undelegated_message(summary, delegate):
 
 def run(inputs, config, output):
     delegate, precision = config.delegate, config.precision
-    input_config = config.input
     samples = None
     if precision == "int8":
         if not config.calibration:
             raise MobileBuildError("int8 lowering needs calibration batches", field="quantize.calibration")
-        samples = calibration_samples(config.calibration, input_config)
+        samples = calibration_samples(config.calibration, config.inputs)
     try:
-        data = lower_to_bytes(fuse.load(inputs["model"], config), input_config, delegate, precision,
+        data = lower_to_bytes(fuse.load(inputs["model"], config), config.inputs, delegate, precision,
                               config.options, samples, config.weights)
     except ImportError as exc:  # a delegate's own dependency (coremltools) missing or broken
         raise MobileBuildError(f"ExecuTorch's {BACKEND_NAMES[delegate]} delegate cannot be loaded: "
                                f"{modeling.first_line(exc)}", field="targets") from None
+    check_loads(data)
     with open(output, "wb") as handle:
         handle.write(data)
     return undelegated_message(pte.read(data).delegation, delegate)

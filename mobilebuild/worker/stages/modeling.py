@@ -1,4 +1,4 @@
-"""What several stages share: building the recipe's model, its example input, and reading artifacts back."""
+"""What several stages share: building the recipe's model, its example inputs, and reading artifacts back."""
 
 import difflib
 import importlib
@@ -130,24 +130,111 @@ def restore_model(source, state_path, structure=None, field="model.checkpoint"):
     return model.eval()
 
 
-def example_input(input_config, seed=0, batch=None):
-    """Seeded example data of the input's shape and dtype: floats from its distribution (normal(0, 1) unless the
-    recipe says otherwise), integers from its range [low, high), booleans at random."""
-    shape = list(input_config["shape"])
+SIZES = ("min", "example", "max")  # where a model with dynamic dims is checked
+
+
+def sizes(specs):
+    """The sizes a model is checked at: the example's alone, or also each dynamic dim's smallest and largest."""
+    return SIZES if any(spec.get("dynamic") for spec in specs) else ("example",)
+
+
+def shape_at(spec, size="example", batch=None):
+    """The input's shape with its dynamic dims at their `size` ("min", "example" or "max"), and axis 0 at `batch`."""
+    shape = list(spec["shape"])
+    if size != "example":
+        for dim in spec.get("dynamic", ()):
+            shape[dim["axis"]] = dim[size]
     if batch is not None:
         shape[0] = batch
+    return shape
+
+
+def example_inputs(specs, seed=0, batch=None, size="example"):
+    """Seeded example data for each input, as a tuple in forward's order: floats from the input's distribution
+    (normal(0, 1) unless the recipe says otherwise), integers from its range [low, high), booleans at random. The
+    inputs are drawn one after the other from one generator: a lone input's values are those it always had."""
     generator = torch.Generator().manual_seed(seed)
-    dtype = DTYPES[input_config["dtype"]]
+    return tuple(_values(spec, shape_at(spec, size, batch), generator) for spec in specs)
+
+
+def _values(spec, shape, generator):
+    dtype = DTYPES[spec["dtype"]]
     if dtype.is_floating_point:
-        tensor = _float_values(shape, generator, dtype, input_config.get("distribution"))
+        tensor = _float_values(shape, generator, dtype, spec.get("distribution"))
     elif dtype == torch.bool:
         tensor = torch.randint(0, 2, shape, generator=generator).bool()
     else:
-        low, high = value_range(input_config)
+        low, high = value_range(spec)
         tensor = torch.randint(low, high, shape, generator=generator, dtype=dtype)
-    if input_config["memory_format"] == "channels_last" and tensor.dim() == 4:
+    if spec["memory_format"] == "channels_last" and tensor.dim() == 4:
         tensor = tensor.contiguous(memory_format=torch.channels_last)
     return tensor
+
+
+def describe_inputs(specs):
+    """'ids [1, seq] int64, mask [1, seq] int64', for messages."""
+    return ", ".join(f"{spec['name']} {_spec_shape(spec)} {spec['dtype']}" for spec in specs)
+
+
+def as_inputs(batch, specs, field, any_batch=False):
+    """A batch of the user's data (a tensor for a one-input model, a tuple or list in forward's order, or a dict keyed
+    by input name) as a tuple of tensors of the inputs' dtypes; one line naming `field` when it does not fit: wrong
+    count, unknown name, a size other than the input's, or a dynamic size outside its range. With `any_batch`, axis 0
+    may have any size (evaluation data, calibration batches of another size), the same for every input."""
+    if isinstance(batch, dict):
+        unknown = sorted(set(batch) - {spec["name"] for spec in specs})
+        missing = [spec["name"] for spec in specs if spec["name"] not in batch]
+        if unknown or missing:
+            raise MobileBuildError(f"a batch keyed {sorted(batch)} does not match the inputs "
+                                   f"({', '.join(spec['name'] for spec in specs)})", field=field)
+        tensors = [batch[spec["name"]] for spec in specs]
+    elif isinstance(batch, (tuple, list)):
+        tensors = list(batch)
+    else:
+        tensors = [batch]
+    if len(tensors) != len(specs) or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise MobileBuildError(f"a batch is {shape_of(batch)}; expected {len(specs)} tensor(s) "
+                               f"({describe_inputs(specs)})", field=field)
+    for spec, tensor in zip(specs, tensors):
+        problem = _shape_problem(spec, list(tensor.shape), any_batch)
+        if problem:
+            raise MobileBuildError(f"input {spec['name']} has shape {list(tensor.shape)}: {problem}", field=field)
+    if any_batch and len({len(t) for t in tensors}) > 1:
+        raise MobileBuildError(f"the inputs hold different batch sizes ({[len(t) for t in tensors]})",
+                               field=field)
+    return tuple(t.to(DTYPES[spec["dtype"]]) for spec, t in zip(specs, tensors))
+
+
+def _shape_problem(spec, shape, any_batch):
+    expected = list(spec["shape"])
+    if len(shape) != len(expected):
+        return f"expected {len(expected)} dimensions ({_spec_shape(spec)})"
+    dynamic = {dim["axis"]: dim for dim in spec.get("dynamic", ())}
+    for axis, size in enumerate(shape):
+        if any_batch and axis == 0:
+            continue
+        dim = dynamic.get(axis)
+        if dim is None and size != expected[axis]:
+            return f"expected {_spec_shape(spec)}"
+        if dim is not None and not dim["min"] <= size <= dim["max"]:
+            return f"dim {dim['dim']} is {size}, outside [{dim['min']}, {dim['max']}]"
+    return None
+
+
+def _spec_shape(spec):
+    shape = [str(size) for size in spec["shape"]]
+    for dim in spec.get("dynamic", ()):
+        shape[dim["axis"]] = dim["dim"]
+    return f"[{', '.join(shape)}]"
+
+
+def shape_of(batch):
+    """A batch's shape for a message: each tensor's, the type's name for anything else."""
+    if isinstance(batch, (tuple, list)):
+        return "(" + ", ".join(shape_of(item) for item in batch) + ")"
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{key}: {shape_of(item)}" for key, item in batch.items()) + "}"
+    return f"a tensor {list(batch.shape)}" if isinstance(batch, torch.Tensor) else type(batch).__name__
 
 
 def _float_values(shape, generator, dtype, distribution):
@@ -160,9 +247,9 @@ def _float_values(shape, generator, dtype, distribution):
     return torch.randn(shape, generator=generator, dtype=dtype) * normal.get("std", 1.0) + normal.get("mean", 0.0)
 
 
-def value_range(input_config):
+def value_range(spec):
     """[low, high) of an integer input: the recipe's range; a byte's own for uint8."""
-    return tuple(input_config.get("range") or (0, 256))
+    return tuple(spec.get("range") or (0, 256))
 
 
 def load_weights_only(path, field):

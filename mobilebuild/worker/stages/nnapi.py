@@ -8,8 +8,8 @@ as needed), converted with torch.backends._nnapi, wrapped, given a bundled input
 interpreter. The converted model runs only on Android: the host has no libneuralnetworks.so.
 
 inputs: "model" (the fused eager float model) and, for core and full, "quantized" (the quantize stage's state).
-config: "mode" (none | core | full), "engine" and "quantization" (to rebuild the quantized model), "input" (its
-shape and dtype; the memory format is always NHWC here), "options": {"bundled_inputs": bool, default true}.
+config: "mode" (none | core | full), "engine" and "quantization" (to rebuild the quantized model), "inputs" (one
+float input: its shape; the memory format is always NHWC here), "options": {"bundled_inputs": bool, default true}.
 """
 
 import copy
@@ -68,9 +68,19 @@ def is_quantized(model):
     return isinstance(getattr(model, "quant", None), nnq.Quantize)
 
 
-def nhwc_input(input_config, quantizer=None):
+def one_float_input(specs):
+    """The input spec of a model this stage converts: the converter takes float (or quantized) tensors only, and the
+    post's wrapper, which bundled inputs and the benchmark binary call, takes one."""
+    if len(specs) != 1 or not modeling.DTYPES[specs[0]["dtype"]].is_floating_point:
+        raise MobileBuildError(f"the NNAPI route converts a model of one float input (torch.backends._nnapi takes "
+                               f"float and quantized tensors, and the post's wrapper one), and this model takes "
+                               f"{modeling.describe_inputs(specs)}", field="targets")
+    return specs[0]
+
+
+def nhwc_input(specs, quantizer=None):
     """The example input as the converter wants it: NHWC, flagged with `nnapi_nhwc` (quantized for the core)."""
-    example = modeling.example_input(input_config)
+    (example,) = modeling.example_inputs([one_float_input(specs)])
     if quantizer is not None:
         example = quantizer(example)
     if example.dim() == 4:
@@ -125,16 +135,16 @@ def _unsupported_in(traced):
             for kind, where in places.items()]
 
 
-def _traceable(model, input_config):
+def _traceable(model, specs):
     """An eager model prepared as the stage prepares it, traced; a quantized one through its core."""
     model = drop_dropout(copy.deepcopy(model).eval())
     quantizer = None
     if is_quantized(model):
         quantizer, model, _ = split_quantized(model)
-    return trace(model, nhwc_input(input_config, quantizer))
+    return trace(model, nhwc_input(specs, quantizer))
 
 
-def unsupported_ops(traced_or_model, input_config):
+def unsupported_ops(traced_or_model, specs):
     """The operations torch.backends._nnapi cannot convert, one line each: 'kind (module path, a ModuleType)'.
 
     Takes a traced TorchScript module (traced with an NHWC input, as this stage does) or an eager model (float,
@@ -144,7 +154,7 @@ def unsupported_ops(traced_or_model, input_config):
     if isinstance(traced_or_model, torch.jit.ScriptModule):
         return _unsupported_in(traced_or_model)
     with reproducible.jit_session():
-        return _unsupported_in(_traceable(traced_or_model, input_config))
+        return _unsupported_in(_traceable(traced_or_model, specs))
 
 
 def check_supported(traced):
@@ -198,7 +208,7 @@ def wrap(nnapi_model, quantizer, dequantizer, mode):
     return wrapper
 
 
-def build(model, mode, input_config, bundle=True):
+def build(model, mode, specs, bundle=True):
     """The post's conversion of an eager model (float for "none", eager-quantized for "core"/"full"), as a
     scripted module ready to save for the lite interpreter."""
     model = drop_dropout(model.eval())
@@ -207,7 +217,7 @@ def build(model, mode, input_config, bundle=True):
         quantizer, model, dequantizer = split_quantized(model)
     elif is_quantized(model):
         raise MobileBuildError("NNAPI mode none converts a float model; this one is quantized", field="targets")
-    example = nhwc_input(input_config, quantizer)
+    example = nhwc_input(specs, quantizer)
     with reproducible.jit_session():
         traced = trace(model, example)
         check_supported(traced)
@@ -231,8 +241,9 @@ def _model(inputs, config):
 def run(inputs, config, output):
     if config.mode not in MODES:
         raise MobileBuildError(f"unknown NNAPI mode {config.mode!r} (known: {', '.join(MODES)})", field="targets")
+    one_float_input(config.inputs)
     options = config.options or {}
-    wrapped = build(_model(inputs, config), config.mode, config.input, options.get("bundled_inputs", True))
+    wrapped = build(_model(inputs, config), config.mode, config.inputs, options.get("bundled_inputs", True))
     data = wrapped._save_to_buffer_for_lite_interpreter()
     with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
         handle.write(data)

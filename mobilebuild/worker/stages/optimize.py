@@ -38,18 +38,18 @@ def check_gpu_export(backend):
             field="targets")
 
 
-def bundled_input(input_config):
+def bundled_input(spec):
     """A compact bundled input (the shape only; values drawn when the app inflates it): normal floats, or integers
     from the input's range (token ids must stay below the vocabulary)."""
-    dtype = modeling.DTYPES[input_config["dtype"]]
+    dtype = modeling.DTYPES[spec["dtype"]]
     if dtype.is_floating_point:
-        return torch.utils.bundled_inputs.bundle_randn(*input_config["shape"], dtype=dtype)
-    low, high = (0, 2) if dtype == torch.bool else modeling.value_range(input_config)
-    stub = torch.zeros(1, dtype=dtype).expand(*input_config["shape"])
+        return torch.utils.bundled_inputs.bundle_randn(*spec["shape"], dtype=dtype)
+    low, high = (0, 2) if dtype == torch.bool else modeling.value_range(spec)
+    stub = torch.zeros(1, dtype=dtype).expand(*spec["shape"])
     return torch.utils.bundled_inputs.InflatableArg(value=stub, fmt=f"torch.randint_like({{}}, {low}, {high})")
 
 
-def optimize(scripted, options, script_mode, input_config, backend="CPU"):
+def optimize(scripted, options, script_mode, specs, backend="CPU"):
     blocklist = blocklist_for(options, script_mode, scripted)
     missing = [m for m in options["preserved_methods"] if not hasattr(scripted, m)]
     if missing:
@@ -58,11 +58,11 @@ def optimize(scripted, options, script_mode, input_config, backend="CPU"):
     optimized = optimize_for_mobile(scripted, optimization_blocklist=blocklist,
                                     preserved_methods=list(options["preserved_methods"]), backend=backend)
     if options["bundled_inputs"]:
-        # forward's optional parameters after the input (a Transformer's masks) are bundled as None
-        unset = (None,) * (len(optimized.forward.schema.arguments) - 2)
+        # forward's optional parameters after the inputs (a Transformer's masks) are bundled as None
+        unset = (None,) * (len(optimized.forward.schema.arguments) - 1 - len(specs))
         try:
             torch.utils.bundled_inputs.augment_model_with_bundled_inputs(
-                optimized, [(bundled_input(input_config), *unset)])
+                optimized, [(*map(bundled_input, specs), *unset)])
         except RuntimeError as exc:
             raise MobileBuildError(f"the bundled input does not fit forward's parameters ({modeling.first_line(exc)})"
                                    "; set optimize.bundled_inputs: false", field="optimize.bundled_inputs") from None
@@ -76,7 +76,7 @@ def run(inputs, config, output):
     if backend != "CPU":
         check_gpu_export(backend)
     scripted = torch.jit.load(inputs["scripted"], map_location="cpu")
-    optimized = optimize(scripted, config.options, config.script_mode, config.input, backend)
+    optimized = optimize(scripted, config.options, config.script_mode, config.inputs, backend)
     data = optimized._save_to_buffer_for_lite_interpreter()
     with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
         handle.write(data)

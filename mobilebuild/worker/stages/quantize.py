@@ -65,28 +65,33 @@ def has_own_stubs(model):
     return any(isinstance(m, tq.QuantStub) for m in model.modules())
 
 
-def _with_stubs(model, input_config=None):
+def eager_stubs_fit(specs):
+    """Eager mode's stubs wrap a forward of one float input (QuantWrapper); other models are quantized in FX graph
+    mode, which puts a quantizer on each float input and lets integer ones (token ids) through."""
+    return len(specs) == 1 and modeling.DTYPES[specs[0]["dtype"]].is_floating_point
+
+
+def _with_stubs(model, specs=None):
     """The model with a float interface around a quantized core (the NNAPI post's "core" mode), unless it has stubs
     of its own. A model that returns several tensors (seen on the example input) gets each one dequantized."""
     if has_own_stubs(model):
         return model
-    if input_config is not None:
-        example = modeling.example_input(input_config)
-        if not example.is_floating_point():
-            raise MobileBuildError(f"eager static quantization puts a quantizer on the model's input, and this one "
-                                   f"takes {input_config['dtype']} values (input.dtype): use quantize.mode: dynamic, "
-                                   "which quantizes Linear and recurrent weights and leaves the input alone",
+    if specs is not None:
+        if not eager_stubs_fit(specs):
+            raise MobileBuildError(f"eager static quantization puts one quantizer on the model's input, and this model "
+                                   f"takes {modeling.describe_inputs(specs)}: use quantize.mode: dynamic, which "
+                                   "quantizes Linear and recurrent weights and leaves the inputs alone",
                                    field="quantize.mode")
         with torch.no_grad():
-            if not isinstance(model(example), torch.Tensor):
+            if not isinstance(model(*modeling.example_inputs(specs)), torch.Tensor):
                 return DequantizedOutputs(model)
     return tq.QuantWrapper(model)
 
 
-def prepared(model, engine, qconfig, input_config=None):
+def prepared(model, engine, qconfig, specs=None):
     """The model with stubs, `qconfig` and observers: ready to calibrate."""
     use_engine(engine)
-    model = _with_stubs(model.eval(), input_config).eval()
+    model = _with_stubs(model.eval(), specs).eval()
     model.qconfig = qconfig
     return tq.prepare(model, inplace=True)
 
@@ -102,34 +107,39 @@ def prepare_qat_model(model, engine, fuse_setting="auto", weights=None):
     return tq.prepare_qat(fused, inplace=True)
 
 
-def static(model, engine, batches, weights=None, field="quantize.calibration", input_config=None):
-    """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from, `input_config` the
-    example input that shows the model's output structure."""
-    model = prepared(model, engine, qconfig_for(engine, weights), input_config)
+def static(model, engine, batches, weights=None, field="quantize.calibration", specs=None):
+    """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from, `specs` the inputs
+    whose example shows the model's output structure."""
+    model = prepared(model, engine, qconfig_for(engine, weights), specs)
     calibration.calibrate(model, batches, field)
     return tq.convert(model, inplace=True)
 
 
-def static_any(model, engine, make_batches, weights, field, input_config, source_field="model"):
+def static_any(model, engine, make_batches, weights, field, specs, source_field="model"):
     """(quantized model, note): eager mode, as the performance recipe does, or where eager mode cannot quantize a
     model not written for it (`x + y`, SiLU, layer norm on quantized tensors: an operation without a quantized
-    kernel), FX graph mode; the note says so, and which operations stay float. `make_batches()` gives the
-    calibration batches afresh: eager mode may have used them up."""
+    kernel; several inputs, or integer ones), FX graph mode; the note says so, and which operations stay float.
+    `make_batches()` gives the calibration batches afresh: eager mode may have used them up."""
+    use_engine(engine)  # FX graph mode converts and checks on the engine too
     written_for_eager = has_own_stubs(model)
-    eager = static(model if written_for_eager else copy.deepcopy(model), engine, make_batches(), weights, field,
-                   input_config)
-    try:
-        check_runs(eager, input_config, engine, field=source_field)
-        return eager, None
-    except MobileBuildError as eager_failure:
-        if written_for_eager:
-            raise
-        reason = eager_failure.message.split(": an operation")[0].removeprefix("the quantized model fails on the ")
-    quantized = fx_quantize.static(model, engine, make_batches(), input_config, qconfig_for(engine, weights), field)
-    check_runs(quantized, input_config, engine, field=source_field)
+    if written_for_eager or eager_stubs_fit(specs):
+        eager = static(model if written_for_eager else copy.deepcopy(model), engine, make_batches(), weights, field,
+                       specs)
+        try:
+            check_runs(eager, specs, engine, field=source_field)
+            return eager, None
+        except MobileBuildError as eager_failure:
+            if written_for_eager:
+                raise
+            reason = eager_failure.message.split(": an operation")[0].removeprefix("the quantized model fails on the ")
+            reason = f"fails on the {reason}"
+    else:
+        reason = f"its stubs take one float input, and the model takes {modeling.describe_inputs(specs)}"
+    quantized = fx_quantize.static(model, engine, make_batches(), specs, qconfig_for(engine, weights), field)
+    check_runs(quantized, specs, engine, field=source_field)
     kept = fx_quantize.kept_float(quantized)
     floats = ", ".join(f"{name} x{count}" for name, count in sorted(kept.items())) or "none"
-    return quantized, f"eager mode cannot quantize it (fails on the {reason}): quantized in FX graph mode; " \
+    return quantized, f"eager mode cannot quantize it ({reason}): quantized in FX graph mode; " \
                       f"operations kept float: {floats}"
 
 
@@ -150,13 +160,13 @@ def load_quantized(inputs, config):
     """Quantized eager modules do not survive pickling, so the quantize stage stores a state_dict; the module
     structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it. Both
     files are read weights-only."""
-    engine, quantization, input_config = config.engine, config.quantization, config.input
+    engine, quantization, specs = config.engine, config.quantization, config.inputs
     fused = fuse.load(inputs["model"], config)
     if quantization["mode"] == "dynamic":
         return dynamic(fused, engine, quantization["weights"]).eval()  # from the weights alone: recomputed exactly
     saved = modeling.load_weights_only(inputs["quantized"], field=None)
     if isinstance(saved, dict) and saved.get(GRAPH_MODE) == "fx":
-        model = fx_quantize.rebuild(fused, engine, input_config, qconfig_for(engine, quantization["weights"]))
+        model = fx_quantize.rebuild(fused, engine, specs, qconfig_for(engine, quantization["weights"]))
         model.load_state_dict(saved["state_dict"])
         return model.eval()
     # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
@@ -166,7 +176,7 @@ def load_quantized(inputs, config):
                           weight=qconfig_for(engine, quantization["weights"]).weight)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # converting uncalibrated observers warns
-        model = tq.convert(prepared(fused, engine, skeleton, input_config), inplace=True)
+        model = tq.convert(prepared(fused, engine, skeleton, specs), inplace=True)
     model.load_state_dict(saved)
     return model.eval()
 
@@ -194,13 +204,13 @@ def _call_name(func):
     return f"{getattr(func, '__module__', None) or 'torch'}.{name}"
 
 
-def check_runs(model, input_config, engine, field):
+def check_runs(model, specs, engine, field):
     """Eager conversion accepts operations that have no quantized kernel (`x + y` on two quantized tensors, without
     FloatFunctional); they would fail only later, when the model is traced or verified, or on the phone. Run the
-    example input once here, so the failure names this stage and the operation."""
+    example inputs once here, so the failure names this stage and the operation."""
     def forward(watcher=contextlib.nullcontext()):
         with torch.no_grad(), watcher:
-            model(modeling.example_input(input_config))
+            model(*modeling.example_inputs(specs))
 
     try:
         forward()
@@ -226,14 +236,14 @@ def run(inputs, config, output):
     note = None
     if config.mode == "static":
         quantized, note = static_any(fuse.load(inputs["model"], config), engine,
-                                     lambda: calibration.batches(config.calibration, config.input), weights,
-                                     calibration.field(config.calibration), config.input, source_field)
+                                     lambda: calibration.batches(config.calibration, config.inputs), weights,
+                                     calibration.field(config.calibration), config.inputs, source_field)
     elif config.mode == "dynamic":
         quantized = dynamic(fuse.load(inputs["model"], config), engine, weights)
     else:
         quantized = from_qat(config.model, inputs["trained"], engine, config.fuse, weights)
     if config.mode != "static":  # static_any has run it
-        check_runs(quantized, config.input, engine, field=source_field)
+        check_runs(quantized, config.inputs, engine, field=source_field)
     if config.mode == "dynamic":
         # Recurrent layers' packed weights pickle as TorchScript objects, which no weights-only load accepts; the
         # stages after this one recompute dynamic quantization from the fused weights (see load_quantized).

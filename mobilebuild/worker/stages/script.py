@@ -18,7 +18,7 @@ class ChannelsLastInput(torch.nn.Module):
         return self.model(x.contiguous(memory_format=torch.channels_last))
 
 
-def to_torchscript(model, mode, example):
+def to_torchscript(model, mode, examples):
     with torch.no_grad():
         if mode == "script":
             try:
@@ -28,7 +28,7 @@ def to_torchscript(model, mode, example):
                     f"torch.jit.script cannot compile the model ({modeling.first_line(exc)}); if forward only "
                     "uses Python the compiler does not support, set `script: trace`", field="script") from None
         try:
-            return torch.jit.trace(model, example, strict=False)  # dict outputs (segmentation): fixed structure
+            return torch.jit.trace(model, examples, strict=False)  # dict outputs (segmentation): fixed structure
         except Exception as exc:
             raise MobileBuildError(
                 f"torch.jit.trace failed ({modeling.first_line(exc)}); tracing records tensor operations only: for "
@@ -43,8 +43,8 @@ def run(inputs, config, output):
         model = quantize.load_quantized(inputs, config)
     else:
         model = fuse.load(inputs["model"], config)
-    if config.input["memory_format"] == "channels_last":
+    if config.inputs[0]["memory_format"] == "channels_last":  # a recipe with one input only
         model = ChannelsLastInput(model).eval()
-    scripted = to_torchscript(model, config.mode, modeling.example_input(config.input))
+    scripted = to_torchscript(model, config.mode, modeling.example_inputs(config.inputs))
     with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
         torch.jit.save(scripted, handle)

@@ -19,54 +19,78 @@ HOLDOUT = "calibration-holdout"
 
 
 def evaluation_data(config):
-    """(inputs, labels or None, description): the recipe's evaluation data, the part of the calibration source
-    calibration did not use, or seeded random inputs that are never calibration's."""
+    """([(size, inputs, labels or None)], description): the recipe's evaluation data, the part of the calibration
+    source calibration did not use, or seeded random inputs that are never calibration's; `inputs` a tuple of
+    tensors in forward's order, samples along axis 0. Random inputs come at each size the artifact is checked at:
+    a model with dynamic dims at their smallest, the example's and their largest."""
+    sizes = ("example",) if config.fixed_shape else modeling.sizes(config.inputs)
+    extremes = [size for size in sizes if size != "example"]
     if config.evaluation == HOLDOUT:
-        held_out = calibration.holdout(config.calibration, config.input, config.samples)
+        held_out = calibration.holdout(config.calibration, config.inputs, config.samples)
         if held_out is not None:
-            return held_out, None, "held-out calibration"
+            return [("example", held_out, None), *_random(config, extremes)], "held-out calibration"
     if config.evaluation in (None, HOLDOUT):
-        batches = [modeling.example_input(config.input, seed=VERIFY_STREAM + config.seed + i)
-                   for i in range(config.samples)]
-        return torch.cat(batches), None, "random"
+        return _random(config, sizes), "random"
     spec, field = config.evaluation["function"], "verify.evaluation.function"
     data = modeling.call_user(modeling.resolve_callable(spec, field), spec, field,
                               **config.evaluation.get("kwargs", {}))
-    inputs, labels = data if isinstance(data, (tuple, list)) and len(data) == 2 else (data, None)
-    if not isinstance(inputs, torch.Tensor) or list(inputs.shape[1:]) != config.input["shape"][1:]:
-        raise MobileBuildError(f"expected inputs of shape [N, {', '.join(map(str, config.input['shape'][1:]))}]"
-                               f", got {getattr(inputs, 'shape', type(inputs).__name__)}",
-                               field="verify.evaluation.function")
-    if labels is not None and (not isinstance(labels, torch.Tensor) or list(labels.shape) != [len(inputs)]):
+    inputs, labels = _with_labels(data, len(config.inputs))
+    inputs = modeling.as_inputs(inputs, config.inputs, field, any_batch=True)
+    if labels is not None and (not isinstance(labels, torch.Tensor) or list(labels.shape) != [len(inputs[0])]):
         got = f"a Tensor of shape {list(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
-        raise MobileBuildError(f"expected one label per input ({len(inputs)}), got {got}",
-                               field="verify.evaluation.function")
-    return inputs, labels, "evaluation"
+        raise MobileBuildError(f"expected one label per input ({len(inputs[0])}), got {got}", field=field)
+    return [("example", inputs, labels), *_random(config, extremes)], "evaluation"
 
 
-def run_in_batches(model, inputs, batch):
+def _random(config, sizes):
+    """Seeded random inputs at each of `sizes`, never calibration's. The recipe's own data comes at the sizes it
+    has; random inputs at the dynamic dims' smallest and largest go with it ("min" and "max" of SIZES)."""
+    groups = []
+    for size in sizes:
+        batches = [modeling.example_inputs(config.inputs, seed=VERIFY_STREAM + config.seed + i, size=size)
+                   for i in range(config.samples)]
+        groups.append((size, tuple(torch.cat(parts) for parts in zip(*batches)), None))
+    return groups
+
+
+def _with_labels(data, count):
+    """(inputs, labels or None) of what an evaluation function returned: inputs (a tensor, a tuple in forward's
+    order, or a dict by input name), or a pair (inputs, labels). For a one-input model a pair of tensors is inputs
+    and labels; for several inputs, a pair is (inputs, labels) when its first item is a tuple, list or dict."""
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        first = data[0]
+        if (count == 1 and isinstance(first, torch.Tensor)) or isinstance(first, (tuple, list, dict)):
+            return data[0], data[1]
+    return data, None
+
+
+def run_in_batches(model, inputs, batch, names=None):
     """[(output name, its values over every usable input)], and how many inputs were usable: the artifact was built
-    for the example's batch size (a traced graph may have it baked in)."""
-    usable = len(inputs) - len(inputs) % batch
+    for the example's batch size (a traced graph may have it baked in). `names`: the recipe's output names."""
+    usable = len(inputs[0]) - len(inputs[0]) % batch
     with torch.no_grad():
-        chunks = [outputs.leaves(model(chunk)) for chunk in inputs[:usable].split(batch)]
-    names = [name for name, _ in chunks[0]]
-    return [(name, torch.cat([chunk[index][1] for chunk in chunks])) for index, name in enumerate(names)], usable
+        chunks = [outputs.leaves(model(*chunk)) for chunk in zip(*(x[:usable].split(batch) for x in inputs))]
+    found = [name for name, _ in chunks[0]]
+    if names is not None and len(names) != len(found):
+        raise MobileBuildError(f"{len(names)} output names for {len(found)} output tensor(s) ({', '.join(found)})",
+                               field="outputs")
+    return [(name, torch.cat([chunk[index][1] for chunk in chunks]))
+            for index, name in enumerate(names or found)], usable
 
 
 def verify(artifact, references, config, inputs, labels):
     """For each eager model of `references`, {output name: its metrics} for every one of its outputs, compared
     position by position with the artifact's (which runs once); labels judge the first output that holds class
     scores. Also returns how many inputs were usable."""
-    batch = config.input["shape"][0]
+    batch = config.inputs[0]["shape"][0]
     try:
-        produced, usable = run_in_batches(artifact, inputs, batch)
+        produced, usable = run_in_batches(artifact, inputs, batch, config.outputs)
     except (RuntimeError, NotImplementedError) as exc:
         raise MobileBuildError(f"the artifact fails on the host: {modeling.first_line(exc)}",
                                field="targets") from None
     compared = []
     for reference in references:
-        expected, _ = run_in_batches(reference, inputs, batch)
+        expected, _ = run_in_batches(reference, inputs, batch, config.outputs)
         if len(produced) != len(expected):
             raise MobileBuildError(f"the artifact returns {len(produced)} tensor(s), the eager model "
                                    f"{len(expected)} ({', '.join(name for name, _ in expected)})", field="targets")
@@ -77,13 +101,24 @@ def verify(artifact, references, config, inputs, labels):
     return compared, usable
 
 
+def _sqnr(found, name):
+    value = found[name]["sqnr_db"]
+    return -math.inf if math.isnan(value) else value  # NaN outputs are the worst there is
+
+
 def _worst(found):
     """The output furthest from the eager model (lowest SQNR): the one the summary and the report show."""
-    def sqnr(name):
-        value = found[name]["sqnr_db"]
-        return -math.inf if math.isnan(value) else value  # NaN outputs are the worst there is
+    return min(found, key=lambda name: _sqnr(found, name))
 
-    return min(found, key=sqnr)
+
+def _lowest_sqnr(found):
+    return _sqnr(found, _worst(found))
+
+
+def _where(name, size, found, at_sizes):
+    """What a failure line starts with: the output, when there are several; the size, for dynamic dims."""
+    parts = ([f"at the {size} sizes"] if len(at_sizes) > 1 else []) + ([name] if len(found) > 1 else [])
+    return f"{', '.join(parts)}: " if parts else ""
 
 
 def run(inputs, config, output):
@@ -96,9 +131,12 @@ def run(inputs, config, output):
         result["artifact"] = facts
     reference = modeling.restore_model(config.model, inputs["checkpoint"])
     with torch.no_grad():
-        result["output_spec"] = outputs.describe(reference(modeling.example_input(config.input)))
+        result["output_spec"] = outputs.describe(reference(*modeling.example_inputs(config.inputs)), config.outputs)
+    if config.fixed_shape:
+        result["fixed_shape"] = config.fixed_shape
+        print(f"   note: {config.fixed_shape}")
     if config.runs_on_host:
-        data, labels, description = evaluation_data(config)
+        groups, description = evaluation_data(config)
         note = data_mismatch(config, description)
         if note:
             result["data_note"] = note
@@ -107,12 +145,28 @@ def run(inputs, config, output):
         references = [reference]
         if "unpruned" in inputs:
             references.append(modeling.restore_model(config.model, inputs["unpruned"]))
-        (found, *unpruned), samples = verify(artifact, references, config, data, labels)
-        missed = [f"{name}: {line}" if len(found) > 1 else line
+        # size -> ({output: metrics}, [the same against the unpruned model], samples, {input: shape of one run})
+        at_sizes = {}
+        for size, data, labels in groups:
+            (found, *unpruned), samples = verify(artifact, references, config, data, labels)
+            shapes = {spec["name"]: [spec["shape"][0], *x.shape[1:]] for spec, x in zip(config.inputs, data)}
+            at_sizes[size] = (found, unpruned, samples, shapes)
+        missed = [f"{_where(name, size, found, at_sizes)}{line}" for size, (found, *_) in at_sizes.items()
                   for name, values in found.items() for line in metrics.failures(values, config.thresholds)]
+        worst_size = min(at_sizes, key=lambda size: _lowest_sqnr(at_sizes[size][0]))
+        found, unpruned, *_ = at_sizes[worst_size]
         worst = _worst(found)
-        result.update(status="failed" if missed else "passed", data=description, samples=samples,
-                      metrics=metrics.json_safe(found[worst]), failures=missed)
+        # accuracy comes from the labelled data (the first group), whichever size was worst
+        labelled = {key: value for key, value in at_sizes[groups[0][0]][0][worst].items()
+                    if key.startswith("accuracy")}
+        result.update(status="failed" if missed else "passed", data=description,
+                      samples=sum(samples for _, _, samples, _ in at_sizes.values()),
+                      metrics=metrics.json_safe({**found[worst], **labelled}), failures=missed)
+        if len(at_sizes) > 1:  # dynamic dims: each size's worst SQNR, and the shapes it ran at
+            result["sizes"] = {size: {"shapes": shapes, "samples": samples,
+                                      **metrics.json_safe({"sqnr_db": _lowest_sqnr(found_there)})}
+                               for size, (found_there, _, samples, shapes) in at_sizes.items()}
+            result["worst_size"] = worst_size
         if len(found) > 1:  # a lone output keeps the result as it was: its metrics are the result's
             result.update(worst_output=worst,
                           outputs={name: metrics.json_safe(values) for name, values in found.items()})
@@ -150,6 +204,9 @@ def _say(result):
     if found["accuracy_reference"] is not None:
         parts.append(f"accuracy {found['accuracy_reference']:.3f} -> {found['accuracy_artifact']:.3f}")
     several = f" ({len(result['outputs'])} outputs, worst: {result['worst_output']})" if "outputs" in result else ""
+    if "sizes" in result:
+        several += " at the " + ", ".join(f"{size} ({_short(found['sqnr_db'])} dB)"
+                                          for size, found in result["sizes"].items()) + " sizes"
     relaxed = f" (relaxed thresholds: {', '.join(result['relaxed'])})" if result["relaxed"] else ""
     print(f"   {result['status']}{relaxed} on {result['samples']} {result['data']} inputs{several}: "
           f"{', '.join(parts)}")
