@@ -183,7 +183,7 @@ def test_delegation_counts_fallback_operators(tmp_path):
     assert summary["fallback_calls"] == sum(summary["fallback_ops"].values())
     assert message is None  # partly delegated is a result, not a failure
     # the pre-flight check lowers in memory and sees the same, and that the program loads (no kernel missing)
-    assert lower.preflight_delegation(WithUnsupportedOps().eval(), [NCHW], "xnnpack") == {**summary, "load_error": None}
+    assert lower.preflight_delegation(WithUnsupportedOps().eval(), [NCHW], "xnnpack") == {**summary, "run_error": None}
 
 
 def test_a_program_with_nothing_delegated_is_flagged(tmp_path):

@@ -384,3 +384,107 @@ def test_verify_names_outputs_and_judges_each_size(tmp_path):
         assert list(found) == ["scores"] and usable == 6 and found["scores"]["sqnr_db"] == 300.0
     with pytest.raises(MobileBuildError, match="2 output names for 1 output tensor"):
         verify.run_in_batches(model, groups[0][1], 2, ["a", "b"])
+
+
+# --- what a runtime cannot keep, in one line each ---------------------------------------------------------------
+
+class Recurrent(nn.Module):
+    """torch.export unrolls an LSTM over the example's steps: its sequence length cannot stay dynamic."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(50, 8)
+        self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, ids):
+        steps, _ = self.lstm(self.embedding(ids))
+        return self.head(steps[:, -1])
+
+
+class Video(nn.Module):
+    """A 3-D convolution on 5-D input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(3, 4, 3)
+
+    def forward(self, clip):
+        return torch.relu(self.conv(clip)).mean(dim=(2, 3, 4))
+
+
+class Steps(nn.Module):
+    """forward takes a non-tensor parameter after its inputs, with a default (RAFT's num_flow_updates)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x, steps: int = 3):
+        for _ in range(steps):
+            x = torch.relu(self.linear(x))
+        return x
+
+
+CLIP = [{"name": "clip", "shape": [1, 3, 4, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
+VECTOR = [{"name": "x", "shape": [1, 4], "dtype": "float32", "memory_format": "contiguous"}]
+
+
+@pytest.mark.parametrize("exporter", ["executorch", "onnx"])
+def test_a_dim_the_model_pins_is_named_in_one_line(exporter):
+    with pytest.raises(MobileBuildError) as caught:
+        if exporter == "executorch":
+            lower.lower_to_bytes(Recurrent().eval(), [IDS], "xnnpack")
+        else:
+            export.export_float(Recurrent().eval(), [IDS])  # the exporter would keep the example's size silently
+    assert "found that the model fixes dim seq: an operation in it pins the size (nn.LSTM" in caught.value.message
+    assert caught.value.field == "targets" and "\n" not in caught.value.message
+
+
+def test_a_program_a_portable_kernel_refuses_is_refused_when_lowered():
+    with pytest.raises(MobileBuildError) as caught:
+        lower.check_runs(lower.lower_to_bytes(Video().eval(), CLIP, "xnnpack"), CLIP)
+    assert caught.value.message.startswith("the program fails in ExecuTorch's runtime, in kernel_ops_util: Check "
+                                           "failed (in.dim() == 3 || in.dim() == 4)")
+
+
+def test_weights_qnnpack_cannot_unpack_are_its_limit_in_one_line():
+    quantized, _ = quantize.static_any(Video().eval(), "qnnpack", lambda: [modeling.example_inputs(CLIP)], None,
+                                       "quantize.calibration", CLIP)
+    with pytest.raises(MobileBuildError) as caught:
+        quantize.stored_state(quantized, "qnnpack", "model.factory")
+    assert caught.value.message.startswith("the qnnpack engine cannot store the quantized model's weights (Conv3d): "
+                                           "QNNPACK only supports conv2d_unpack")
+
+
+def test_bundled_inputs_give_later_parameters_their_defaults():
+    scripted = script.to_torchscript(Steps().eval(), "script", modeling.example_inputs(VECTOR))
+    optimized = optimize.optimize(scripted, {"blocklist": [], "preserved_methods": [], "bundled_inputs": True},
+                                  "script", VECTOR)
+    (bundled,) = optimized.get_all_bundled_inputs()
+    assert bundled[1] == 3 and optimized(*bundled).shape == (1, 4)
+
+
+class LayerScale(nn.Module):
+    """ConvNeXt's layer scale: a residual branch multiplied by 1e-6 at initialisation."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+        self.gamma = nn.Parameter(torch.full((1, 8, 1, 1), 1e-6))
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y + self.gamma * torch.relu(y)
+
+
+def test_an_operator_the_engine_refuses_is_named_with_the_engines_reason(capfd):
+    spec = [{**IMAGE}]
+    with pytest.raises(MobileBuildError) as caught:
+        quantize.static_any(LayerScale().eval(), "qnnpack", lambda: [modeling.example_inputs(spec, seed=seed)
+                                                                     for seed in range(4)], None,
+                            "quantize.calibration", spec)
+    assert caught.value.message.startswith("the quantized model fails on the qnnpack engine in "
+                                           "torch.ops.quantized.add: failed to create add operator with ")
+    assert caught.value.message.endswith("scale ratio must be in [2**-14, 2**8) range")
+    assert "QNNPACK" not in capfd.readouterr().err  # said once, in the line, not in the log

@@ -4,7 +4,7 @@ them."""
 
 from mobilebuild.errors import few
 
-KINDS = ("unsupported-op", "missing-kernel", "needs-build", "fallback", "advice")
+KINDS = ("unsupported-op", "cannot-run", "needs-build", "fallback", "advice")
 # A fallback (operators outside the delegate, on the portable kernels) builds, loads and runs: a warning.
 BLOCKING = frozenset(KINDS[:3])
 ALL_TARGETS = "*"

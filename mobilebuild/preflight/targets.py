@@ -156,18 +156,18 @@ class TargetCheck:
             self.add("unsupported-op", exc.message + self._layout_hint(exc.message), f"lowering to {delegate}")
             return
         summary = dict(summary)
-        load_error = summary.pop("load_error")
+        run_error = summary.pop("run_error")
         self.facts["delegation"] = summary
-        if load_error:
-            self.add("missing-kernel", load_error, "ExecuTorch runtime")
+        if run_error:
+            self.add("cannot-run", run_error, "ExecuTorch runtime")
         name = lower.BACKEND_NAMES[delegate]
         message = lower.undelegated_message(summary, delegate)
         if message:
             self.add("fallback", message, "whole program")
         else:
             for operator, calls in summary["fallback_ops"].items():
-                if load_error and operator in load_error:
-                    continue  # it has no kernel at all: the missing-kernel finding says so
+                if run_error and operator in run_error:
+                    continue  # it has no kernel at all: the cannot-run finding says so
                 self.add("fallback", f"{calls} call{'s' if calls > 1 else ''} on ExecuTorch's portable CPU kernels, "
                                      f"outside {name} (the program makes {summary['delegated_calls']} delegate "
                                      f"call{'s' if summary['delegated_calls'] > 1 else ''})"

@@ -5,6 +5,9 @@ Failures still raise: only what is logged, warned and printed goes."""
 import contextlib
 import io
 import logging
+import os
+import sys
+import threading
 import warnings as _warnings
 
 
@@ -27,3 +30,37 @@ def quiet(logs=logging.CRITICAL, warnings=True, output=True):
     finally:
         if logs is not None:
             logging.disable(previous)
+
+
+@contextlib.contextmanager
+def native_stderr(dropped=(), kept=None, kept_prefix=()):
+    """What native code writes to file descriptor 2, filtered: lines starting with `dropped` go, lines starting with
+    `kept_prefix` are collected in the list `kept` instead of printed (a kernel's reason for failing, which its
+    exception leaves out), and the rest pass on as they come (a crash's last words included). Python's sys.stderr
+    goes the same way: bindings log through it, and it need not be descriptor 2 (under pytest, say)."""
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    stderr = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward():
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if kept is not None and kept_prefix and line.startswith(kept_prefix):
+                    kept.append(line.decode(errors="replace"))
+                elif not (dropped and line.startswith(dropped)):
+                    os.write(stderr, line)
+
+    forwarding = threading.Thread(target=forward, daemon=True)
+    forwarding.start()
+    python_stderr = open(2, "w", closefd=False)
+    try:
+        with contextlib.redirect_stderr(python_stderr):
+            yield
+    finally:
+        python_stderr.flush()
+        sys.stderr.flush()
+        os.dup2(stderr, 2)  # closes the pipe's last write end: the forwarding ends with the lines written
+        forwarding.join()
+        os.close(stderr)

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import measure_alone, runtimes, serve
 from mobilebuild.worker.stages import modeling
 
@@ -22,7 +23,13 @@ def measure_into(spec, connection):
     """The forked process's work: measure in the build's repository (the eager reference is built by the recipe's
     factory, which imports from there), send the result."""
     serve.enter_root(spec["root"])
-    connection.send(measure(spec))
+    try:
+        result = measure(spec)
+    except MobileBuildError as exc:
+        result = {"error": exc.message}
+    except (RuntimeError, ValueError) as exc:  # the runtime refuses to run it: one line, not a traceback
+        result = {"error": modeling.first_line(exc)}
+    connection.send(result)
     connection.close()
 
 

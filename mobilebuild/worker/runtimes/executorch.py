@@ -11,17 +11,14 @@ config: "timing": {"threads": n} sizes ExecuTorch's CPU thread pool (which XNNPA
 setting does not reach it).
 """
 
-import contextlib
-import os
 import re
-import sys
-import threading
 from pathlib import Path
 
 import torch
 
 from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.worker import pte
+from mobilebuild.worker import quiet as quiet_module
 from mobilebuild.worker.quiet import quiet
 
 CHANNELS_LAST_DIM_ORDER = [0, 2, 3, 1]
@@ -34,39 +31,10 @@ LOADING_NOTES = (b"[operator_registry.cpp:", b"[method.cpp:")
 MISSING_OPERATOR = re.compile(r"Missing operator: \[\d+\] (\S+)")
 
 
-@contextlib.contextmanager
-def without_cpuinfo_notes(kept=None):
+def without_cpuinfo_notes(kept=None, kept_prefix=LOADING_NOTES):
     """The runtime's CPU probing notes, which say nothing about the program, kept out of build logs; with a list
-    `kept`, its method-loading notes are collected there instead of printed. Native code writes them to file
-    descriptor 2: it goes through a pipe whose other lines are passed on as they come (a crash's last words
-    included)."""
-    sys.stderr.flush()
-    read_end, write_end = os.pipe()
-    stderr = os.dup(2)
-    os.dup2(write_end, 2)
-    os.close(write_end)
-
-    def forward():
-        with os.fdopen(read_end, "rb") as lines:
-            for line in lines:
-                if kept is not None and line.startswith(LOADING_NOTES):
-                    kept.append(line.decode(errors="replace"))
-                elif not line.startswith(CPUINFO_NOTES):
-                    os.write(stderr, line)
-
-    forwarding = threading.Thread(target=forward, daemon=True)
-    forwarding.start()
-    # the runtime's Python binding logs through sys.stderr, which need not be file descriptor 2 (under pytest, say)
-    python_stderr = open(2, "w", closefd=False)
-    try:
-        with contextlib.redirect_stderr(python_stderr):
-            yield
-    finally:
-        python_stderr.flush()
-        sys.stderr.flush()
-        os.dup2(stderr, 2)  # closes the pipe's last write end: the forwarding ends with the lines written
-        forwarding.join()
-        os.close(stderr)
+    `kept`, its lines starting with `kept_prefix` (its method-loading notes) are collected there instead."""
+    return quiet_module.native_stderr(dropped=CPUINFO_NOTES, kept=kept, kept_prefix=kept_prefix)
 
 
 def _set_threads(config):
@@ -124,16 +92,47 @@ def load_method(data):
 def load(path, config):
     facts = pte.read(path)
     check_runs_here(path, facts.backends)
-    dim_orders = facts.input_dim_orders
     with without_cpuinfo_notes():
         _set_threads(config)
+    return callable_for(facts)
+
+
+def callable_for(facts):
+    """The program (`pte.read`'s facts) as a callable from input tensors to its outputs."""
+    dim_orders = facts.input_dim_orders
     program, method = load_method(facts.data)
 
+    checked = []  # the first run collects the runtime's log: where a kernel refuses, its reason is only there
+
     def run(*inputs, _program=program):  # the method uses the program's memory: keep the program alive with it
-        outputs = method.execute([_in_dim_order(x, order) for x, order in zip(inputs, dim_orders, strict=True)])
+        arranged = [_in_dim_order(x, order) for x, order in zip(inputs, dim_orders, strict=True)]
+        if not checked:
+            checked.append(True)
+            outputs = _first_run(method, arranged)
+        else:
+            outputs = method.execute(arranged)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     return run
+
+
+KERNEL_CHECK = re.compile(r"\[(?P<file>\w+)\.cpp:\d+\] (?P<what>Check failed.*)")
+
+
+def _first_run(method, arranged):
+    """A run whose failure is one line: the runtime's exception says only "execute() failed with error 0x12", the
+    kernel's own reason is in its log, a dozen lines of which are kept out of the build's output."""
+    notes = []
+    with without_cpuinfo_notes(kept=notes, kept_prefix=b"["):
+        try:
+            return method.execute(arranged)
+        except RuntimeError as exc:
+            error = str(exc).splitlines()[0]
+    found = next((KERNEL_CHECK.search(note) for note in notes if KERNEL_CHECK.search(note)), None)
+    if found is None:
+        raise MobileBuildError(f"the program fails in ExecuTorch's runtime: {error}", field="targets")
+    raise MobileBuildError(f"the program fails in ExecuTorch's runtime, in {found['file']}: {found['what'].strip()} "
+                           "(outside the delegate, operators run on the portable kernels)", field="targets")
 
 
 def inspect(path, config):

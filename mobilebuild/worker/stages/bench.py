@@ -43,6 +43,8 @@ def time_in_subprocess(spec):
     if result is None:
         raise MobileBuildError(f"benchmark process failed (exit {process.exitcode}) for {spec['path']}",
                                field="benchmark")
+    if "error" in result:
+        raise MobileBuildError(f"the artifact fails when timed: {result['error']}", field="targets")
     return result
 
 

@@ -80,11 +80,21 @@ def export_float(model, specs, opset=None, names=None):
         except Exception as exc:  # torch.export and the ONNX translation raise many types
             raise export_error(exc) from None
     proto = program.model_proto
+    check_dims_kept(proto, specs)
     found = opset_of(proto)
     if opset is not None and found != opset:
         raise MobileBuildError(f"torch.onnx.export could not convert the model to opset {opset} (it wrote {found})",
                                field="targets.onnx.opset")
     return proto
+
+
+def check_dims_kept(proto, specs):
+    """Where the model pins a dynamic dim (an LSTM's unrolled steps), the exporter writes the example's size without
+    a word, and ONNX Runtime would refuse any other; say so here, in one line."""
+    pinned = sorted({dim["dim"] for spec, value in zip(specs, proto.graph.input) for dim in spec.get("dynamic", ())
+                     if value.type.tensor_type.shape.dim[dim["axis"]].HasField("dim_value")})
+    if pinned:
+        raise MobileBuildError(lower.pinned_message(", ".join(pinned), "torch.onnx.export"), field="targets")
 
 
 def opset_of(proto):

@@ -25,6 +25,8 @@ How much of a program went to delegates is read from the .pte itself (`pte.read(
 `preflight_delegation(model, specs, delegate)` lowers in memory and says the same before any build.
 """
 
+import re
+
 import torch
 
 from mobilebuild.errors import MobileBuildError
@@ -136,12 +138,18 @@ def dynamic_shapes(specs):
 
 def calibration_samples(settings, specs):
     """The recipe's calibration batches (`settings`: its quantize.calibration) as ExecuTorch's example inputs
-    (tuples), in the inputs' layout. The program's fixed sizes are the inputs' (dynamic dims may vary in range)."""
+    (tuples), in the inputs' layout. The program's fixed sizes are the inputs'; of a model with dynamic dims, only
+    the batches at the example sizes calibrate: PT2E runs them through the graph it captured at those sizes."""
     field = calibration.field(settings)
     samples = [in_layout(modeling.as_inputs(batch, specs, field)) for batch in calibration.batches(settings, specs)]
     if not samples:
         raise MobileBuildError("calibration produced no batches", field=field)
-    return samples
+    example = [modeling.shape_at(spec) for spec in specs]
+    at_example = [sample for sample in samples if [list(x.shape) for x in sample] == example]
+    if not at_example:
+        raise MobileBuildError(f"no calibration batch has the example sizes ({modeling.describe_inputs(specs)} at "
+                               f"{example}), which ExecuTorch's int8 calibration needs", field=field)
+    return at_example
 
 
 # --- lowering ----------------------------------------------------------------------------------------------
@@ -171,10 +179,27 @@ def _detail(exc):
     return f"{modeling.first_line(exc)} ({type(root).__name__}: {modeling.first_line(root)})"
 
 
+CONSTRAINTS = re.compile(r"Constraints violated \(([^)]*)\)")
+
+
+def pinned_dims(exc):
+    """The dynamic dims torch.export found the model fixes ("Constraints violated (seq)"), or None."""
+    found = CONSTRAINTS.search(str(exc)) or CONSTRAINTS.search(str(_root_cause(exc)))
+    return found[1] if found else None
+
+
+def pinned_message(dims, exporter):
+    return (f"{exporter} found that the model fixes dim {dims}: an operation in it pins the size (nn.LSTM unrolls "
+            "its steps; a view or reshape to a fixed size): keep that size fixed (remove it from dims), or make the "
+            "model take any size")
+
+
 def failure_message(stage_type, delegate, exc):
     from executorch.export import StageType
 
     detail = _detail(exc)
+    if pinned_dims(exc):
+        return pinned_message(pinned_dims(exc), "torch.export")
     if stage_type == StageType.TORCH_EXPORT or (stage_type == StageType.QUANTIZE and _export_error(exc)):
         return f"torch.export cannot capture the model ({detail}); {EXPORT_ADVICE}"
     if stage_type == StageType.QUANTIZE:
@@ -232,21 +257,23 @@ def _announce_stages(session, delegate, precision, batches):
 
 def preflight_delegation(model, specs, delegate, precision="fp32", options=None, weights=None):
     """Lower in memory and summarise, for a check before any build: how much would `delegate` take, and does the
-    program load where the host can load it ("load_error": why not, or None)? Quantization is calibrated on the
+    program load and run where the host can run it ("run_error": why not, or None)? Quantization is calibrated on the
     example input only: which operators get delegated does not depend on the ranges."""
     data = lower_to_bytes(model, specs, delegate, precision, options, weights=weights)
     try:
-        check_loads(data)
+        check_runs(data, specs)
     except MobileBuildError as exc:
-        return {**pte.read(data).delegation, "load_error": exc.message}
-    return {**pte.read(data).delegation, "load_error": None}
+        return {**pte.read(data).delegation, "run_error": exc.message}
+    return {**pte.read(data).delegation, "run_error": None}
 
 
-def check_loads(data):
-    """A program whose delegates this host's runtime has must load in it: one needing an operator no kernel
-    library has is refused here, in one line, rather than written and failing in every app that loads it."""
-    if not et_runtime.unavailable(pte.read(data).backends):
-        et_runtime.load_method(data)
+def check_runs(data, specs):
+    """A program whose delegates this host's runtime has must load and run in it: one needing an operator no kernel
+    library has, or a kernel refusing its input (the portable convolution takes no 3-D input), is refused here, in
+    one line, rather than written and failing in every app that runs it."""
+    facts = pte.read(data)
+    if not et_runtime.unavailable(facts.backends):
+        et_runtime.callable_for(facts)(*in_layout(modeling.example_inputs(specs)))
 
 
 def undelegated_message(summary, delegate):
@@ -269,7 +296,7 @@ def run(inputs, config, output):
     except ImportError as exc:  # a delegate's own dependency (coremltools) missing or broken
         raise MobileBuildError(f"ExecuTorch's {BACKEND_NAMES[delegate]} delegate cannot be loaded: "
                                f"{modeling.first_line(exc)}", field="targets") from None
-    check_loads(data)
+    check_runs(data, config.inputs)
     with open(output, "wb") as handle:
         handle.write(data)
     return undelegated_message(pte.read(data).delegation, delegate)

@@ -58,8 +58,10 @@ def optimize(scripted, options, script_mode, specs, backend="CPU"):
     optimized = optimize_for_mobile(scripted, optimization_blocklist=blocklist,
                                     preserved_methods=list(options["preserved_methods"]), backend=backend)
     if options["bundled_inputs"]:
-        # forward's optional parameters after the inputs (a Transformer's masks) are bundled as None
-        unset = (None,) * (len(optimized.forward.schema.arguments) - 1 - len(specs))
+        # forward's parameters after the inputs take their defaults: a Transformer's masks None, RAFT's number of
+        # flow updates 12
+        unset = tuple(argument.default_value if argument.has_default_value() else None
+                      for argument in optimized.forward.schema.arguments[1 + len(specs):])
         try:
             torch.utils.bundled_inputs.augment_model_with_bundled_inputs(
                 optimized, [(*map(bundled_input, specs), *unset)])

@@ -13,9 +13,11 @@ from torch.ao import quantization as tq
 from torch.overrides import TorchFunctionMode
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import quiet
 from mobilebuild.worker.stages import calibration, fuse, fx_quantize, modeling
 
 GRAPH_MODE = "graph_mode"  # marks a stored state_dict of an FX graph-mode model
+ENGINE_ERRORS = (b"Error in QNNPACK",)  # where an engine says why it refuses an operator
 # Linear-ReLU too: the fuse stage has usually fused them, and a fused one is no longer an nn.Linear.
 DYNAMIC_TYPES = (nn.Linear, nni.LinearReLU, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
 
@@ -198,6 +200,8 @@ class _FailingCall(TorchFunctionMode):
 
 
 def _call_name(func):
+    if isinstance(func, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):  # torch.ops.quantized.add
+        return f"torch.ops.{func._qualified_op_name.replace('::', '.')}"
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
     if "." in name:
         return name.replace("TensorBase.", "Tensor.")
@@ -212,15 +216,23 @@ def check_runs(model, specs, engine, field):
         with torch.no_grad(), watcher:
             model(*modeling.example_inputs(specs))
 
+    said = []  # the engine's own reason, which its exception leaves out
     try:
-        forward()
+        with quiet.native_stderr(kept=said, kept_prefix=ENGINE_ERRORS):
+            forward()
     except Exception as exc:
         detail = modeling.first_line(exc).split(". ")[0]
         watcher = _FailingCall()
         try:
-            forward(watcher)  # again, only to find the operation: a TorchFunctionMode slows every call
+            with quiet.native_stderr(kept=[], kept_prefix=ENGINE_ERRORS):
+                forward(watcher)  # again, only to find the operation: a TorchFunctionMode slows every call
         except Exception:
             pass
+        if said:  # the engine's own reason ("scale ratio must be in [2**-14, 2**8) range"): its limit, not a gap
+            reason = said[0].strip().removeprefix("Error in QNNPACK: ")
+            where = f" in {_call_name(watcher.failed)}" if watcher.failed is not None else ""
+            raise MobileBuildError(f"the quantized model fails on the {engine} engine{where}: {reason}",
+                                   field=field) from None
         if watcher.failed is None:
             raise MobileBuildError(f"the quantized model fails on the {engine} engine: {detail}",
                                    field=field) from None
@@ -228,6 +240,19 @@ def check_runs(model, specs, engine, field):
             f"the quantized model fails on the {engine} engine in {_call_name(watcher.failed)} ({detail}): an "
             "operation on quantized tensors without a quantized kernel; use torch.ao.nn.quantized.FloatFunctional "
             "for +, * and cat, or a DeQuantStub before it", field=field) from None
+
+
+def stored_state(quantized, engine, field):
+    """The quantized model's state_dict; packed weights an engine cannot unpack (QNNPACK packs 2-D convolutions only:
+    a Conv3d runs, and its weights cannot be read back) are the engine's limit, said in one line."""
+    try:
+        return quantized.state_dict()
+    except RuntimeError as exc:
+        kinds = sorted({type(m).__name__ for m in quantized.modules() if type(m).__name__.endswith("3d")})
+        which = f" ({', '.join(kinds)})" if kinds else ""
+        raise MobileBuildError(f"the {engine} engine cannot store the quantized model's weights{which}: "
+                               f"{modeling.first_line(exc)}; keep this model on fp32 targets for {engine}",
+                               field=field) from None
 
 
 def run(inputs, config, output):
@@ -249,7 +274,7 @@ def run(inputs, config, output):
         # stages after this one recompute dynamic quantization from the fused weights (see load_quantized).
         state = {"mode": "dynamic"}
     else:
-        state = quantized.state_dict()
+        state = stored_state(quantized, engine, source_field)
     if note:
         print(f"   {note}")
         state = {GRAPH_MODE: "fx", "state_dict": state}  # load_quantized rebuilds it with FX, not eager mode

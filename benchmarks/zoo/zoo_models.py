@@ -1,0 +1,128 @@
+"""The zoo's own model factories: architectures users ship that torchvision has no builder for (or none small
+enough to build in seconds). benchmarks/zoo.py copies this file into its scratch project, where recipes name the
+factories as `zoo_models:<function>`. Random weights: the build seeds them and re-estimates batch-norm statistics."""
+
+import torch
+from torch import nn
+from torchvision.models import VisionTransformer, mobilenet_v3_small
+
+
+def vit_tiny(image_size=64, patch_size=8, num_classes=100):
+    """A ViT-Tiny-like VisionTransformer (DeiT-Tiny widths: 192 wide, 3 heads; 6 layers instead of 12).
+    torchvision initialises the classification head to zeros (it is meant to be fine-tuned): every output would be
+    0 and any artifact would match it exactly, so the head gets random weights like the other layers."""
+    model = VisionTransformer(image_size=image_size, patch_size=patch_size, num_layers=6, num_heads=3,
+                              hidden_dim=192, mlp_dim=768, num_classes=num_classes)
+    nn.init.trunc_normal_(model.heads.head.weight, std=0.02)
+    return model
+
+
+class TextTransformer(nn.Module):
+    """A BERT-style sentence classifier: token and position embeddings, nn.TransformerEncoder, masked mean pooling.
+    Two inputs: token ids and an attention mask (1 for a token, 0 for padding). The first token (BERT's [CLS]) is
+    always attended to, so that no sentence is all padding (attention over nothing is NaN)."""
+
+    def __init__(self, vocabulary=1000, width=128, heads=4, layers=2, max_length=128, classes=4):
+        super().__init__()
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.positions = nn.Parameter(torch.randn(1, max_length, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=4 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, ids, mask):
+        x = self.tokens(ids) + self.positions[:, :ids.shape[1]]
+        padding = (mask == 0) & (torch.arange(ids.shape[1]) > 0)
+        x = self.encoder(x, src_key_padding_mask=padding)
+        weights = (~padding).unsqueeze(-1).to(x.dtype)
+        pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        return self.head(pooled)
+
+
+def text_transformer(**kwargs):
+    return TextTransformer(**kwargs)
+
+
+class LSTMClassifier(nn.Module):
+    """Embedding, a two-layer LSTM, a linear head on the last step's hidden state: the classic text classifier."""
+
+    def __init__(self, vocabulary=1000, width=64, hidden=128, layers=2, classes=4):
+        super().__init__()
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.lstm = nn.LSTM(width, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, ids):
+        out, _ = self.lstm(self.tokens(ids))
+        return self.head(out[:, -1])
+
+
+def lstm_classifier(**kwargs):
+    return LSTMClassifier(**kwargs)
+
+
+class M5(nn.Module):
+    """M5 (Dai et al. 2017, the torchaudio keyword-spotting tutorial's network): 1-D convolutions on raw audio
+    [batch, 1, samples], 35 speech commands."""
+
+    def __init__(self, classes=35, channels=32, stride=16):
+        super().__init__()
+
+        def block(cin, cout, kernel, conv_stride=1):
+            return [nn.Conv1d(cin, cout, kernel, stride=conv_stride), nn.BatchNorm1d(cout), nn.ReLU(),
+                    nn.MaxPool1d(4)]
+
+        self.features = nn.Sequential(*block(1, channels, 80, stride), *block(channels, channels, 3),
+                                      *block(channels, 2 * channels, 3), *block(2 * channels, 2 * channels, 3),
+                                      nn.AdaptiveAvgPool1d(1))
+        self.head = nn.Linear(2 * channels, classes)
+
+    def forward(self, audio):
+        return self.head(torch.flatten(self.features(audio), 1))
+
+
+def m5(**kwargs):
+    return M5(**kwargs)
+
+
+class ImageWithMetadata(nn.Module):
+    """Two inputs: an image through a small CNN and a feature vector (the app's metadata) through an MLP,
+    concatenated before the classifier, as in product or skin-lesion classifiers."""
+
+    def __init__(self, features=16, classes=10):
+        super().__init__()
+
+        def conv(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+        self.image = nn.Sequential(*conv(3, 16), *conv(16, 32), *conv(32, 64), *conv(64, 64),
+                                   nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.metadata = nn.Sequential(nn.Linear(features, 32), nn.ReLU())
+        self.head = nn.Linear(64 + 32, classes)
+
+    def forward(self, image, metadata):
+        return self.head(torch.cat([self.image(image), self.metadata(metadata)], dim=1))
+
+
+def image_with_metadata(**kwargs):
+    return ImageWithMetadata(**kwargs)
+
+
+class ClassifyAndLocate(nn.Module):
+    """Two outputs: torchvision's MobileNetV3-Small features with a class head and a box-regression head (one
+    object: class scores and its box), the single-object detector of many apps."""
+
+    def __init__(self, classes=20):
+        super().__init__()
+        self.backbone = mobilenet_v3_small(weights=None).features
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classes = nn.Linear(576, classes)
+        self.box = nn.Sequential(nn.Linear(576, 128), nn.ReLU(), nn.Linear(128, 4))
+
+    def forward(self, image):
+        x = torch.flatten(self.pool(self.backbone(image)), 1)
+        return self.classes(x), self.box(x)
+
+
+def classify_and_locate(**kwargs):
+    return ClassifyAndLocate(**kwargs)
