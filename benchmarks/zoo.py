@@ -109,8 +109,8 @@ MEANINGS = [
                                    "tensor values (RAFT's iterations), and the model has no QuantStubs for eager mode"),
     ("in kernel_ops_util: Check failed", "ExecuTorch: its portable convolution kernel takes 3-D or 4-D input only, "
                                          "and the XNNPACK delegate takes no 3-D convolution"),
-    ("Missing out variants", "ExecuTorch: the XNNPACK quantizer leaves the 3-D convolutions outside the delegate and "
-                             "ExecuTorch has no kernel for their dequantize ops; mobilebuild's line does not say so"),
+    ("left outside XNNPACK", "ExecuTorch: the XNNPACK quantizer quantizes 3-D convolutions, which the delegate then "
+                             "does not take, and ExecuTorch has no kernel for the dequantize ops left around them"),
     ("found that the model fixes dim", "torch.export: nn.LSTM is unrolled over the sequence, so its length cannot "
                                        "stay dynamic (the ONNX exporter is torch.export too)"),
     ("PythonAction Error", "mobilebuild: a stage crashed (traceback in the build output)"),

@@ -448,6 +448,15 @@ def test_a_program_a_portable_kernel_refuses_is_refused_when_lowered():
                                            "failed (in.dim() == 3 || in.dim() == 4)")
 
 
+def test_a_quantized_operator_the_delegate_leaves_without_a_kernel_is_one_line():
+    with pytest.raises(MobileBuildError) as caught:
+        lower.lower_to_bytes(Video().eval(), CLIP, "xnnpack", "int8",
+                             samples=[lower.in_layout(modeling.example_inputs(CLIP))])
+    assert caught.value.message == ("ExecuTorch has no kernel for 'quantized_decomposed::dequantize_per_channel', left "
+                                    "outside XNNPACK (the delegate did not take an operator the quantizer quantized): "
+                                    "build this target in fp32")
+
+
 def test_weights_qnnpack_cannot_unpack_are_its_limit_in_one_line():
     quantized, _ = quantize.static_any(Video().eval(), "qnnpack", lambda: [modeling.example_inputs(CLIP)], None,
                                        "quantize.calibration", CLIP)

@@ -180,6 +180,7 @@ def _detail(exc):
 
 
 CONSTRAINTS = re.compile(r"Constraints violated \(([^)]*)\)")
+MISSING_OUT_VARIANTS = re.compile(r"Missing out variants: \{([^}]*)\}")
 
 
 def pinned_dims(exc):
@@ -206,6 +207,10 @@ def failure_message(stage_type, delegate, exc):
         return f"int8 quantization (PT2E) failed: {detail}"
     if stage_type == StageType.TO_EDGE_TRANSFORM_AND_LOWER:
         return f"lowering to {BACKEND_NAMES[delegate]} failed: {type(exc).__name__}: {detail}"
+    missing = MISSING_OUT_VARIANTS.search(str(exc))
+    if missing:  # seen: the XNNPACK quantizer quantized 3-D convolutions, which the delegate then did not take
+        return (f"ExecuTorch has no kernel for {missing[1]}, left outside {BACKEND_NAMES[delegate]} (the delegate did "
+                f"not take an operator the quantizer quantized): build this target in fp32")
     return f"ExecuTorch could not build the program: {type(exc).__name__}: {detail}"
 
 
