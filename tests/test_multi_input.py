@@ -2,6 +2,7 @@
 recipe grammar, example data, user batches, and each stage and runtime at the dims' smallest and largest sizes."""
 
 import copy
+import os
 import textwrap
 from types import SimpleNamespace
 
@@ -497,3 +498,17 @@ def test_an_operator_the_engine_refuses_is_named_with_the_engines_reason(capfd):
                                            "torch.ops.quantized.add: failed to create add operator with ")
     assert caught.value.message.endswith("scale ratio must be in [2**-14, 2**8) range")
     assert "QNNPACK" not in capfd.readouterr().err  # said once, in the line, not in the log
+
+
+def test_repeated_native_warnings_are_shown_once(capfd):
+    from mobilebuild.worker import quiet
+
+    warning = b"[W1124 01:27:45.123456789 TensorShape.cpp:167] Warning: All inputs of this cat operator must share\n"
+    with quiet.native_stderr(once=True):
+        for _ in range(32):
+            os.write(2, warning)
+        os.write(2, b"[W1124 01:27:46.000000001 qlinear_dynamic.cpp:251] Warning: reduce_range\n")
+        os.write(2, b"the runtime's own error\n")
+    assert capfd.readouterr().err.splitlines() == [
+        warning.decode().strip(), "[W1124 01:27:46.000000001 qlinear_dynamic.cpp:251] Warning: reduce_range",
+        "the runtime's own error", "   (31 repeats of the warnings above not shown)"]

@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import sys
 import threading
 import warnings as _warnings
@@ -32,12 +33,19 @@ def quiet(logs=logging.CRITICAL, warnings=True, output=True):
             logging.disable(previous)
 
 
+# torch's C++ warnings: "[W1123 23:53:09.382403295 qlinear_dynamic.cpp:251] Warning: ..." (date, time, and a
+# process id on some builds), printed each time the code runs: a quantized cat warned 32 times per benchmark
+C10_WARNING = re.compile(rb"^\[W\d{4} [\d:.]+(?: \d+)? ([^\]]+)\] (.*)")
+
+
 @contextlib.contextmanager
-def native_stderr(dropped=(), kept=None, kept_prefix=()):
+def native_stderr(dropped=(), kept=None, kept_prefix=(), once=False, python_too=True):
     """What native code writes to file descriptor 2, filtered: lines starting with `dropped` go, lines starting with
     `kept_prefix` are collected in the list `kept` instead of printed (a kernel's reason for failing, which its
-    exception leaves out), and the rest pass on as they come (a crash's last words included). Python's sys.stderr
-    goes the same way: bindings log through it, and it need not be descriptor 2 (under pytest, say)."""
+    exception leaves out), with `once` each of torch's C++ warnings is shown the first time only, and the rest pass
+    on as they come (a crash's last words included). Python's sys.stderr goes the same way (bindings log through it,
+    and it need not be descriptor 2: under pytest, say), unless `python_too` is false: then it writes straight to
+    the real stderr (a live progress counter, whose carriage returns a line filter would hold back)."""
     sys.stderr.flush()
     read_end, write_end = os.pipe()
     stderr = os.dup(2)
@@ -45,16 +53,23 @@ def native_stderr(dropped=(), kept=None, kept_prefix=()):
     os.close(write_end)
 
     def forward():
+        seen, repeated = set(), 0
         with os.fdopen(read_end, "rb") as lines:
             for line in lines:
+                warning = C10_WARNING.match(line) if once else None
                 if kept is not None and kept_prefix and line.startswith(kept_prefix):
                     kept.append(line.decode(errors="replace"))
+                elif warning and warning.groups() in seen:
+                    repeated += 1
                 elif not (dropped and line.startswith(dropped)):
+                    seen.add(warning.groups() if warning else None)
                     os.write(stderr, line)
+        if repeated:
+            os.write(stderr, f"   ({repeated} repeats of the warnings above not shown)\n".encode())
 
     forwarding = threading.Thread(target=forward, daemon=True)
     forwarding.start()
-    python_stderr = open(2, "w", closefd=False)
+    python_stderr = open(2 if python_too else stderr, "w", closefd=False)
     try:
         with contextlib.redirect_stderr(python_stderr):
             yield

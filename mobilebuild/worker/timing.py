@@ -15,7 +15,7 @@ import time
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import measure_alone, runtimes, serve
+from mobilebuild.worker import measure_alone, quiet, runtimes, serve
 from mobilebuild.worker.stages import modeling
 
 
@@ -24,7 +24,8 @@ def measure_into(spec, connection):
     factory, which imports from there), send the result."""
     serve.enter_root(spec["root"])
     try:
-        result = measure(spec)
+        with quiet.native_stderr(once=True, python_too=False):  # C++ warnings come at every call: once each
+            result = measure(spec)
     except MobileBuildError as exc:
         result = {"error": exc.message}
     except (RuntimeError, ValueError) as exc:  # the runtime refuses to run it: one line, not a traceback
