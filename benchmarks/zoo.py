@@ -102,9 +102,8 @@ ZOO = {
 # shows up as "not classified yet".
 MEANINGS = [
     ("QNNPACK only supports conv2d", "QNNPACK: no 3-D convolution (its packed convolution weights are 2-D only)"),
-    ("qnnpack engine in", "QNNPACK: its quantized add takes input-to-output scale ratios in [2^-14, 2^8) only; "
-                          "ConvNeXt's layer scale (1e-6 at initialisation) is far below. mobilebuild's line hides "
-                          "that reason (it is in QNNPACK's log, not in the exception) and blames a missing kernel"),
+    ("scale ratio must be in", "QNNPACK: its quantized add takes input-to-output scale ratios in [2^-14, 2^8) only; "
+                               "ConvNeXt's layer scale (1e-6 at initialisation) is far below"),
     ("FX graph mode cannot trace", "PyTorch's FX graph-mode quantization: forward has Python control flow on "
                                    "tensor values (RAFT's iterations), and the model has no QuantStubs for eager mode"),
     ("in kernel_ops_util: Check failed", "ExecuTorch: its portable convolution kernel takes 3-D or 4-D input only, "

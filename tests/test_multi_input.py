@@ -175,12 +175,15 @@ def test_routes_that_fix_the_example_sizes_say_so_naming_the_dim(tmp_path):
         script: trace
         targets: [{backend: xnnpack}]
     """)
-    traced = graph.fixed_shape(loaded, routes.get("xnnpack", "pytorch-mobile"))
+    traced = graph.fixed_shape(loaded, routes.get("xnnpack", "pytorch-mobile"), "fp32")
     assert traced.startswith("dim seq fixed at the example size: tracing records")
-    assert "NNAPI" in graph.fixed_shape(loaded, routes.get("nnapi", "pytorch-mobile"))
-    assert graph.fixed_shape(loaded, routes.get("xnnpack", "executorch")) is None
+    assert "NNAPI" in graph.fixed_shape(loaded, routes.get("nnapi", "pytorch-mobile"), "fp32")
+    executorch = routes.get("xnnpack", "executorch")
+    assert graph.fixed_shape(loaded, executorch, "fp32") is None
+    assert "int8 export recipe captures the model at the example's sizes" in graph.fixed_shape(loaded, executorch,
+                                                                                               "int8")
     scripted = recipe.Recipe(**{**loaded.__dict__, "script": "script"})
-    assert graph.fixed_shape(scripted, routes.get("xnnpack", "pytorch-mobile")) is None
+    assert graph.fixed_shape(scripted, routes.get("xnnpack", "pytorch-mobile"), "fp32") is None
 
 
 # --- example data and the user's batches ---------------------------------------------------------------------
@@ -312,6 +315,17 @@ def test_static_int8_lets_integer_inputs_through_and_calibrates_across_the_dims(
     assert "quantized in FX graph mode" in note
     assert "quantize_per_tensor(ids" not in quantized.code and "quantize_per_tensor(mask" not in quantized.code
     assert_matches(model, quantized, TEXT, floor=15.0)
+
+
+def test_executorch_int8_of_a_model_with_dynamic_dims_is_fixed_at_the_example_sizes(tmp_path):
+    torch.manual_seed(0)
+    model = MaskedTextWithoutClamp().eval()
+    samples = lower.calibration_samples({"source": "random", "batches": 9, "seed": 0}, TEXT)
+    assert len(samples) == 3  # the batches at the example sizes: the graph is captured there
+    path = tmp_path / "m.pte"
+    path.write_bytes(lower.lower_to_bytes(model, TEXT, "xnnpack", "int8", samples=samples))
+    assert_matches(model, et_runtime.load(path, SimpleNamespace(timing={"threads": 1})), TEXT, sizes=("example",),
+                   floor=25.0)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

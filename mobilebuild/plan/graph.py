@@ -85,7 +85,8 @@ def recipe_nodes(recipe, root):
         results.append(chain.node(
             "verify", f"{recipe.name}-{target.id}",
             stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune,
-                                outputs=recipe.outputs, fixed_shape=fixed_shape(recipe, route), **verification),
+                                outputs=recipe.outputs, fixed_shape=fixed_shape(recipe, route, precision),
+                                **verification),
             # a pruned artifact is checked against the pruned eager model: the build must not change it further;
             # and measured against the unpruned one: what pruning cost
             {"artifact": final, "checkpoint": chain.nodes.get("prune") or checkpoint,
@@ -99,7 +100,7 @@ def recipe_nodes(recipe, root):
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
                         "device_only": route.device_only, "delegate": final.config.get("delegate"),
                         "pruning": target.prune or None, "quantization": chain.quantization,
-                        "interpreter": final.interpreter, "fixed_shape": fixed_shape(recipe, route)})
+                        "interpreter": final.interpreter, "fixed_shape": fixed_shape(recipe, route, precision)})
     if problems:
         raise RecipeErrors(problems)
 
@@ -116,13 +117,16 @@ def recipe_nodes(recipe, root):
     return artifacts + results + [manifest]
 
 
-def fixed_shape(recipe, route):
-    """Why `route`'s artifact takes only the example's sizes of a recipe's dynamic dims (naming them), or None."""
+def fixed_shape(recipe, route, precision):
+    """Why `route`'s artifact in `precision` takes only the example's sizes of a recipe's dynamic dims (naming
+    them), or None."""
     dims = sorted({dim["dim"] for spec in recipe.inputs for dim in spec.get("dynamic", ())})
     if not dims:
         return None
     if route.fixed_shapes:
         why = route.fixed_shapes
+    elif precision == "int8" and route.int8_fixed_shapes:
+        why = route.int8_fixed_shapes
     elif "script" in route.stages and recipe.script == "trace":
         why = "tracing records the example's sizes (script: script keeps them)"
     else:

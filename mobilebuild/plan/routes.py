@@ -35,6 +35,7 @@ class Route:
     runtime_module: str | None = None  # a runtime module elsewhere (one that comes with its route)
     device_only: str | None = None  # where it runs, when the host cannot run it
     fixed_shapes: str | None = None  # why its artifacts take the example's sizes only (no dynamic dims)
+    int8_fixed_shapes: str | None = None  # the same, for its int8 artifacts only
     settings: str | None = None  # the target's own section of settings for this route (`nnapi:`, `onnx:`...)
     settings_schema: dict | None = None  # its JSON Schema, for a section the recipe schema does not declare
     # The target's precision when the route takes it from its own settings rather than `precision:` (NNAPI's mode).
@@ -174,6 +175,8 @@ def route_for(target, recipe_file):
 
 
 TORCHSCRIPT = ("script", "optimize")
+# ExecuTorch 1.3.1's export recipe quantizes a graph it captures without dynamic shapes (QuantizeStage)
+ET_INT8_FIXED = "ExecuTorch's int8 export recipe captures the model at the example's sizes"
 EXECUTORCH = ("executorch", "torchao", "coremltools")
 ONNX = ("onnx", "onnxscript", "onnxruntime")
 
@@ -201,7 +204,8 @@ for _route in (
     Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
           "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)",
           quantizer="final", delegate="xnnpack", loader="executorch", settings="executorch",
-          preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH),
+          preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH,
+          int8_fixed_shapes=ET_INT8_FIXED),
     Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte",
           "GPU through ExecuTorch's Vulkan delegate", delegate="vulkan", loader="executorch",
           device_only="a device with a Vulkan GPU and ExecuTorch's Vulkan runtime", settings="executorch",

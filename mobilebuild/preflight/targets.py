@@ -54,7 +54,7 @@ class TargetCheck:
         for part in name.split("."):
             check = getattr(check, part)
         check(self)
-        fixed = graph.fixed_shape(self.model.recipe, self.route)
+        fixed = graph.fixed_shape(self.model.recipe, self.route, self.route.precision(self.target))
         if fixed:
             self.notes.append(fixed)
         if self.interpreter and self.route.final_stage != "optimize":

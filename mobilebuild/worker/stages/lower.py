@@ -221,7 +221,9 @@ def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, sampl
     check_options(delegate, precision, options, weights)
     ensure_flatc()
     samples = samples or [in_layout(modeling.example_inputs(specs))]
-    shapes = dynamic_shapes(specs)
+    # int8: the export recipe's quantize stage captures the graph at the example's sizes, which then stay fixed
+    # (plan.routes.ET_INT8_FIXED); asked to keep them dynamic, torch.export finds them pinned
+    shapes = dynamic_shapes(specs) if precision == "fp32" else None
     with quiet():
         from executorch.export import ExportSession
 
