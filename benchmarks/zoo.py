@@ -245,9 +245,10 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
   the class scores are near-equal and which one is highest is a coin toss for any int8 model. A model with several
   outputs is judged on its worst. Int8 on random weights is harder than on trained ones: the FAILED int8 cells miss
   15 dB by a few dB, and the three independent int8 routes (PyTorch eager/FX, PT2E, ONNX Runtime) agree.
-- **The text Transformer's ONNX int8** is far off (3-7 dB), not a few dB: ONNX Runtime's static quantization of
-  its attention (its calibration warns `invalid value encountered in divide` computing a zero point). ONNX Runtime
-  advises dynamic quantization for Transformers, which mobilebuild's ONNX route does not offer (static only).
+- **The text Transformer's static int8** falls short: 11.6 dB on ExecuTorch, 3-7 dB on ONNX Runtime (whose
+  calibration warns `invalid value encountered in divide` computing a zero point for its attention). ONNX Runtime
+  advises dynamic quantization for Transformers, which mobilebuild's ExecuTorch and ONNX routes do not offer
+  (static only); on qnnpack, where it is dynamic, the same model verifies at 41 dB.
 - **Targets:** `xnnpack`: PyTorch Mobile `.ptl`, fp32. `qnnpack`: PyTorch Mobile `.ptl`, int8 (static, calibrated
   on {batches} random batches; dynamic for the text models). `et-fp32`, `et-int8`: ExecuTorch `.pte`, XNNPACK delegate
   (int8: PT2E, per-channel). `onnx-fp32`, `onnx-int8`: ONNX Runtime (int8: its static QDQ quantization).
