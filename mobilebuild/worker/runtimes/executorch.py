@@ -18,23 +18,23 @@ import torch
 
 from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.worker import pte
-from mobilebuild.worker import quiet as quiet_module
-from mobilebuild.worker.quiet import quiet
+from mobilebuild.worker.quiet import native_stderr, quiet
 
 CHANNELS_LAST_DIM_ORDER = [0, 2, 3, 1]
 # What the runtime writes to the process's stderr when it first sizes its thread pool: the CPU facts it looked for
 # ("Failed to open midr file", "CPU info and manual query on # of cpus dont match" on every x86 host).
 CPUINFO_NOTES = b"[cpuinfo_utils.cpp:"
-# What it writes while loading a method whose operators it lacks: a dump of every registered kernel's dtypes and dim
-# orders (hundreds of lines), then one line per missing operator.
-LOADING_NOTES = (b"[operator_registry.cpp:", b"[method.cpp:")
+# What it logs ("[file.cpp:line] ...") where it cannot load or run a method: a dump of every registered kernel's
+# dtypes and dim orders (hundreds of lines) then one line per missing operator, or a kernel's failed check.
+LOG_LINE = b"["
 MISSING_OPERATOR = re.compile(r"Missing operator: \[\d+\] (\S+)")
+KERNEL_CHECK = re.compile(r"\[(?P<file>\w+)\.cpp:\d+\] (?P<what>Check failed.*)")
 
 
-def without_cpuinfo_notes(kept=None, kept_prefix=LOADING_NOTES):
+def without_cpuinfo_notes(kept=None):
     """The runtime's CPU probing notes, which say nothing about the program, kept out of build logs; with a list
-    `kept`, its lines starting with `kept_prefix` (its method-loading notes) are collected there instead."""
-    return quiet_module.native_stderr(dropped=CPUINFO_NOTES, kept=kept, kept_prefix=kept_prefix)
+    `kept`, everything else it logs is collected there instead of printed."""
+    return native_stderr(dropped=CPUINFO_NOTES, kept=kept, kept_prefix=LOG_LINE)
 
 
 def _set_threads(config):
@@ -67,26 +67,40 @@ def _in_dim_order(tensor, dim_order):
     return tensor.contiguous()
 
 
-def load_method(data):
-    """(program, its forward method) in this host's runtime; a method that cannot load is one line: the operators
-    no kernel library of the runtime has (the portable kernels run what the delegate did not take), or the
-    runtime's own error, without its log of every registered kernel."""
-    from executorch.runtime import Runtime
-
+def _explained(action, failing):
+    """`action()`, with the runtime's log kept out of the build's output; where it fails, one line from that log:
+    its exception says only "Failed to load method forward, error: 0x:14" or "execute() failed with error 0x12",
+    the operators it has no kernel for or the kernel's failed check are in the log. `failing`: "cannot load" or
+    "fails", what the program does in the line when the log says nothing more."""
     notes = []
     with without_cpuinfo_notes(kept=notes):
         try:
-            program = Runtime.get().load_program(data)
-            return program, program.load_method("forward")
+            return action()
         except RuntimeError as exc:
-            error = exc
+            error = str(exc).splitlines()[0]
     missing = list(dict.fromkeys(match[1] for note in notes for match in MISSING_OPERATOR.finditer(note)))
+    check = next(filter(None, map(KERNEL_CHECK.search, notes)), None)
     if missing:
         raise MobileBuildError(f"the program cannot load: ExecuTorch's runtime has no kernel for {few(missing)} "
                                "(outside the delegate, operators run on the portable kernels); replace that operation "
                                "in the model, or ship a runtime built with a kernel library that has it",
-                               field="targets") from None
-    raise MobileBuildError(f"the program cannot load in ExecuTorch's runtime: {error}", field="targets") from None
+                               field="targets")
+    if check:
+        raise MobileBuildError(f"the program fails in ExecuTorch's runtime, in {check['file']}: "
+                               f"{check['what'].strip()} (outside the delegate, operators run on the portable kernels)",
+                               field="targets")
+    raise MobileBuildError(f"the program {failing} in ExecuTorch's runtime: {error}", field="targets")
+
+
+def load_method(data):
+    """(program, its forward method) in this host's runtime; a method that cannot load is one line (`_explained`)."""
+    from executorch.runtime import Runtime
+
+    def load():
+        program = Runtime.get().load_program(data)
+        return program, program.load_method("forward")
+
+    return _explained(load, "cannot load")
 
 
 def load(path, config):
@@ -102,37 +116,20 @@ def callable_for(facts):
     dim_orders = facts.input_dim_orders
     program, method = load_method(facts.data)
 
-    checked = []  # the first run collects the runtime's log: where a kernel refuses, its reason is only there
+    # the first run is explained where it fails (the kernel's reason is only in the runtime's log); the rest run
+    # bare: a pipe and a thread per call would weigh on the benchmark's timings
+    checked = []
 
     def run(*inputs, _program=program):  # the method uses the program's memory: keep the program alive with it
         arranged = [_in_dim_order(x, order) for x, order in zip(inputs, dim_orders, strict=True)]
-        if not checked:
-            checked.append(True)
-            outputs = _first_run(method, arranged)
-        else:
+        if checked:
             outputs = method.execute(arranged)
+        else:
+            outputs = _explained(lambda: method.execute(arranged), "fails")
+            checked.append(True)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     return run
-
-
-KERNEL_CHECK = re.compile(r"\[(?P<file>\w+)\.cpp:\d+\] (?P<what>Check failed.*)")
-
-
-def _first_run(method, arranged):
-    """A run whose failure is one line: the runtime's exception says only "execute() failed with error 0x12", the
-    kernel's own reason is in its log, a dozen lines of which are kept out of the build's output."""
-    notes = []
-    with without_cpuinfo_notes(kept=notes, kept_prefix=b"["):
-        try:
-            return method.execute(arranged)
-        except RuntimeError as exc:
-            error = str(exc).splitlines()[0]
-    found = next((KERNEL_CHECK.search(note) for note in notes if KERNEL_CHECK.search(note)), None)
-    if found is None:
-        raise MobileBuildError(f"the program fails in ExecuTorch's runtime: {error}", field="targets")
-    raise MobileBuildError(f"the program fails in ExecuTorch's runtime, in {found['file']}: {found['what'].strip()} "
-                           "(outside the delegate, operators run on the portable kernels)", field="targets")
 
 
 def inspect(path, config):

@@ -198,9 +198,9 @@ def pinned_message(dims, exporter):
 def failure_message(stage_type, delegate, exc):
     from executorch.export import StageType
 
-    detail = _detail(exc)
-    if pinned_dims(exc):
-        return pinned_message(pinned_dims(exc), "torch.export")
+    detail, pinned = _detail(exc), pinned_dims(exc)
+    if pinned:
+        return pinned_message(pinned, "torch.export")
     if stage_type == StageType.TORCH_EXPORT or (stage_type == StageType.QUANTIZE and _export_error(exc)):
         return f"torch.export cannot capture the model ({detail}); {EXPORT_ADVICE}"
     if stage_type == StageType.QUANTIZE:

@@ -212,20 +212,19 @@ def check_runs(model, specs, engine, field):
     """Eager conversion accepts operations that have no quantized kernel (`x + y` on two quantized tensors, without
     FloatFunctional); they would fail only later, when the model is traced or verified, or on the phone. Run the
     example inputs once here, so the failure names this stage and the operation."""
+    said = []  # the engine's own reason, which its exception leaves out (the second run's is the same)
+
     def forward(watcher=contextlib.nullcontext()):
-        with torch.no_grad(), watcher:
+        with torch.no_grad(), watcher, quiet.native_stderr(kept=said, kept_prefix=ENGINE_ERRORS):
             model(*modeling.example_inputs(specs))
 
-    said = []  # the engine's own reason, which its exception leaves out
     try:
-        with quiet.native_stderr(kept=said, kept_prefix=ENGINE_ERRORS):
-            forward()
+        forward()
     except Exception as exc:
         detail = modeling.first_line(exc).split(". ")[0]
         watcher = _FailingCall()
         try:
-            with quiet.native_stderr(kept=[], kept_prefix=ENGINE_ERRORS):
-                forward(watcher)  # again, only to find the operation: a TorchFunctionMode slows every call
+            forward(watcher)  # again, only to find the operation: a TorchFunctionMode slows every call
         except Exception:
             pass
         if said:  # the engine's own reason ("scale ratio must be in [2**-14, 2**8) range"): its limit, not a gap
