@@ -1,6 +1,7 @@
 """File writes that never leave a half-written artifact behind, and content hashes."""
 
 import contextlib
+import filecmp
 import functools
 import hashlib
 import os
@@ -26,6 +27,8 @@ def atomic_output(path):
     The temporary file lives in the same directory so the final rename is atomic on POSIX; a killed build
     leaves only a `.partial-` file that no task lists as a target, so it is never taken as up to date. Like make
     and ninja, no fsync: a killed process loses nothing written, and a power cut is not worth a flush per file.
+    A file written again with the same bytes is left as it was, timestamp included: what reads it (a plot, the
+    report, a rsync) sees no change.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -35,9 +38,17 @@ def atomic_output(path):
     tmp = Path(tmp)
     try:
         yield tmp
-        os.replace(tmp, path)
+        if not _same_bytes(tmp, path):
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _same_bytes(new, old):
+    try:
+        return os.path.getsize(new) == os.path.getsize(old) and filecmp.cmp(new, old, shallow=False)
+    except OSError:
+        return False
 
 
 def write_bytes(path, data):

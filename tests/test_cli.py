@@ -80,8 +80,8 @@ def test_report_rewrites_the_report_without_building(built):
     assert result.returncode == 0, result.stderr
     assert ".  " not in result.stdout  # no task ran
     report = (built.root / "artifacts" / "report.md").read_text()
-    assert "## tiny" in report and "| xnnpack | xnnpack | pytorch-mobile | fp32 |" in report
-    assert (built.root / "artifacts" / "plots" / "tiny-latency.png").is_file()
+    assert "## tiny" in report and "| xnnpack | passed | PyTorch Mobile, xnnpack, fp32 |" in report
+    assert (built.root / "artifacts" / "plots" / "tiny.png").is_file()
 
 
 def test_graph_writes_dot_with_the_dependencies(built):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # incremental builds through real doit
 ALL_TASKS = sorted([
     "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
     "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "verify:tiny-xnnpack", "verify:tiny-qnnpack",
-    "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny", "verified:tiny",
+    "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny", "plot:tiny", "verified:tiny",
 ])
 
 

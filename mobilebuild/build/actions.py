@@ -11,6 +11,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from mobilebuild import store
+from mobilebuild.build import execute
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import graph, project
 from mobilebuild.results import release
@@ -47,7 +48,7 @@ def clean_output(path):
 
 def write_report(invalid=None):
     """The report; `invalid` ({recipe file: its problems}) are listed as not built."""
-    from mobilebuild.results import report  # matplotlib: only when a report is written
+    from mobilebuild.results import report
 
     report.main(graph.ARTIFACTS_DIR, invalid)
 
@@ -88,6 +89,10 @@ def write_manifests_despite(blocked, failures):
         with store.atomic_output(node.output) as temporary:
             manifest.run({}, dataclasses.replace(node.settings, targets=targets, artifacts=artifacts), temporary)
         written.append(node.recipe)
+        for plot in nodes:  # the manifest's figure, whose task was blocked with it
+            if plot.stage == "plot" and plot.inputs["manifest"] == node.output:
+                with store.atomic_output(plot.output) as temporary:
+                    execute.run_in_process(plot, temporary)
     return written
 
 

@@ -26,15 +26,19 @@ def stage_colours():
 
 
 class Report(Command):
-    doc_purpose = "write artifacts/report.md and report.html from the results already built (builds nothing)"
+    doc_purpose = ("write artifacts/report.md, report.html and the plots from the results already built (builds "
+                   "nothing)")
     doc_usage = ""
     doc_description = None
     cmd_options = ()
 
     def execute(self, opt_values, pos_args):
-        from mobilebuild.results import report  # matplotlib: only when a report is written
+        from mobilebuild.results import plots, report
 
-        return report.main(graph.ARTIFACTS_DIR)
+        status = report.main(graph.ARTIFACTS_DIR)
+        if status == 0:
+            print(f"drew {plots.draw_all(graph.ARTIFACTS_DIR)} plot(s) in {graph.ARTIFACTS_DIR}/{report.PLOTS_DIR}")
+        return status
 
 
 opt_output = {

@@ -125,11 +125,16 @@ def request(node, output):
             "task": node.task_name}
 
 
+def run_in_process(node, output):
+    """A stage that reads results, no tensors, run in this process."""
+    module = importlib.import_module(stages.get(node.stage).module_path)
+    module.run({role: Path(p) for role, p in node.inputs.items()}, node.settings, output)
+
+
 def _run_stage(node, output):
     stage = stages.get(node.stage)
     if stage.in_process:
-        module = importlib.import_module(stage.module_path)
-        module.run({role: Path(p) for role, p in node.inputs.items()}, node.settings, output)
+        run_in_process(node, output)
         return
     reply = worker_pool.call({**request(node, output), "root": os.getcwd()}, python=node.interpreter)
     _raise_failure(node, reply)

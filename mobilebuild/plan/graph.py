@@ -114,7 +114,9 @@ def recipe_nodes(recipe, root):
             verification={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "verify"},
             benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "bench"}),
         inputs={n.task_name: n.output for n in artifacts + results}, output=f"{out}/manifest.json", **common)
-    return artifacts + results + [manifest]
+    plot = Node("plot", recipe.name, settings=stages.PlotConfig(recipe=recipe.name),
+                inputs={"manifest": manifest.output}, output=f"{ARTIFACTS_DIR}/plots/{recipe.name}.png", **common)
+    return artifacts + results + [manifest, plot]
 
 
 def fixed_shape(recipe, route, precision):

@@ -167,6 +167,11 @@ class ManifestConfig:
     benchmarks: dict  # target -> its bench result
 
 
+@dataclass(frozen=True)
+class PlotConfig:
+    recipe: str  # the figure's title; what it shows is the manifest's
+
+
 def as_json(settings):
     """A stage's settings as the JSON-able dict that keys its node and travels to the worker."""
     return dataclasses.asdict(settings)
@@ -277,5 +282,8 @@ for _stage in (
     # The manifest reads results as they are now, which no key describes: it is always written afresh (and cheap).
     Stage("manifest", ManifestConfig, None, "artifacts/<recipe>/manifest.json: every file with its stage, target, "
           "sha256 and size.", "#eeeeee", in_process=True, cached=False),
+    # Keyed on the manifest: only a recipe whose results changed is drawn again; a fresh checkout fetches the rest.
+    Stage("plot", PlotConfig, {"manifest": ("manifest",)}, "artifacts/plots/<recipe>.png: host latency, and size "
+          "and quality against it, per recipe.", "#eeeeee", module="mobilebuild.results.plots", in_process=True),
 ):
     register(_stage)

@@ -7,7 +7,6 @@ order), so an unchanged build leaves the report unchanged.
 """
 
 import html
-import io
 import json
 import math
 import re
@@ -58,7 +57,7 @@ def _number(value):
     return float(value)
 
 
-def _finite(value):
+def finite(value):
     """A number that can be plotted and divided: timings and sizes, where inf or nan mean a broken record."""
     value = _number(value)
     return value if value is not None and math.isfinite(value) else None
@@ -80,12 +79,13 @@ class Row:
     benchmark: dict
     verification: dict
     state: str  # "reference", "passed", "failed", "not run on host", "not verified", or whatever the manifest says
-    status: str  # the state as shown, with its reason
+    status: str  # the state as shown
     target: dict = field(default_factory=dict)  # the manifest's entry (pruning, quantization); empty for eager
+    reason: str | None = None  # why it has that state, where the manifest says
 
     @property
     def median_ms(self):
-        return _finite(self.timing("median_ms"))
+        return finite(self.timing("median_ms"))
 
     def timing(self, key):
         """A timing number, only from a benchmark that ran: a skipped one may carry stale or placeholder values."""
@@ -111,39 +111,40 @@ def _targets(manifest):
 
 
 def _target_bytes(target, manifest):
-    size = _finite(target.get("bytes"))
+    size = finite(target.get("bytes"))
     if size is None:
         for artifact in _get(manifest, "artifacts") or []:
             if _get(artifact, "path") == target.get("path") and target.get("path") is not None:
-                size = _finite(artifact.get("bytes"))
+                size = finite(artifact.get("bytes"))
     return size
 
 
 def _status(target, verification):
-    """(state, shown): the target's own status first, then its verification's, else "not verified"."""
+    """(state, shown, reason): the target's own status first, then its verification's, else "not verified". What
+    is shown stays short, so that the status column never wraps; the reason goes under the table."""
     state = target.get("status") or _get(verification, "status") or "not verified"
     reason = target.get("reason") or _get(verification, "reason")
     if state == "passed":
-        return state, "passed (relaxed thresholds)" if _get(verification, "relaxed") else "passed"
+        return state, "passed (relaxed)" if _get(verification, "relaxed") else "passed", None
     if state == "failed":
-        return state, "FAILED"
-    return str(state), f"{state} ({reason})" if reason else str(state)
+        return state, "FAILED", None  # the failures under the table say why
+    return str(state), str(state), reason
 
 
-def _rows(manifest):
+def table_rows(manifest):
     """The eager fp32 baseline, then every target in the manifest's order."""
     benchmarks = _dict(_get(manifest, "benchmarks"))
     verifications = _dict(_get(manifest, "verification"))
     eager = _dict(benchmarks.get(EAGER))
-    rows = [Row(EAGER_LABEL, None, _get(eager, "runtime") or EAGER, "fp32", _finite(eager.get("artifact_bytes")),
+    rows = [Row(EAGER_LABEL, None, _get(eager, "runtime") or EAGER, "fp32", finite(eager.get("artifact_bytes")),
                 eager, {}, "reference", "reference")]
     for target in _targets(manifest):
         label = str(target.get("target") or target.get("backend") or "?")
         verification = _dict(verifications.get(label))
-        state, shown = _status(target, verification)
+        state, shown, reason = _status(target, verification)
         rows.append(Row(label, target.get("backend"), target.get("runtime"),
                         target.get("precision") or _get(verification, "precision"), _target_bytes(target, manifest),
-                        _dict(benchmarks.get(label)), verification, state, shown, target))
+                        _dict(benchmarks.get(label)), verification, state, shown, target, reason))
     return rows
 
 
@@ -155,7 +156,7 @@ def _fixed(value, digits):
     return NONE if value is None else f"{value:.{digits}f}"
 
 
-def _two_or_three_decimals(value):
+def two_or_three_decimals(value):
     """Two decimals, three below 1: a small model's 0.004 MB or 0.031 ms is not rounded to nothing."""
     value = _number(value)
     if value is None:
@@ -164,7 +165,7 @@ def _two_or_three_decimals(value):
 
 
 def _megabytes(size_bytes):
-    return NONE if size_bytes is None else _two_or_three_decimals(size_bytes / 1e6)
+    return NONE if size_bytes is None else two_or_three_decimals(size_bytes / 1e6)
 
 
 def _ratio(numerator, denominator):
@@ -213,11 +214,14 @@ def _relaxed(relaxed):
     return f"; RELAXED by the recipe: {shown}"
 
 
-def _thresholds(thresholds):
-    order = [key for key in THRESHOLDS if key in thresholds] + sorted(
+def _threshold_order(thresholds):
+    return [key for key in THRESHOLDS if key in thresholds] + sorted(
         (key for key in thresholds if key not in THRESHOLDS), key=str)
+
+
+def _thresholds(thresholds):
     shown = []
-    for key in order:
+    for key in _threshold_order(thresholds):
         label, direction = THRESHOLDS.get(key, (key, ":"))
         shown.append(f"{label} {direction} {thresholds[key]}")
     return ", ".join(shown)
@@ -226,25 +230,50 @@ def _thresholds(thresholds):
 # ------------------------------------------------------------------------------------------------- the report model
 
 
+@dataclass(frozen=True)
+class Column:
+    name: str
+    group: str  # the heading it sits under in HTML ("" for none); Markdown has no grouped headings
+    numeric: bool  # right-aligned
+    cell: Callable  # (row) -> its text
+
+
 @dataclass
-class Plot:
-    title: str
-    filename: str
-    draw: Callable  # (recipe, rows) -> PNG bytes
+class Table:
+    columns: list[Column]
+    cells: list[list[str]]  # per row, per column
+    states: list[str]  # per row, for highlighting
+
+    @property
+    def header(self):
+        return [column.name for column in self.columns]
+
+    @property
+    def numeric(self):
+        return [column.numeric for column in self.columns]
+
+    def groups(self):
+        """[(heading, span)] over the columns, in order."""
+        found = []
+        for column in self.columns:
+            if found and found[-1][0] == column.group:
+                found[-1] = (column.group, found[-1][1] + 1)
+            else:
+                found.append((column.group, 1))
+        return found
 
 
 @dataclass
 class Section:
     recipe: str
-    rows: list[Row]  # what the plots are drawn from
+    rows: list[Row]
     about: list[str]
-    header: list[str]
-    numeric: list[bool]  # per column: right-aligned
-    cells: list[list[str]]
-    states: list[str]  # per row, for highlighting
+    recommendation: list[str]  # what to ship, and why: its first line answers the question
+    table: Table  # what a person compares: status, latency, size, quality
+    details: Table | None  # the rest, per target: compression, other metrics, the graph; None when all empty
     failures: list[str]
     notes: list[str]
-    plots: list[Plot] = field(default_factory=list)
+    plot: str | None = None  # its figure's file name under plots/
     no_plots: str | None = None
 
 
@@ -259,45 +288,172 @@ def _recipe_name(manifest):
     return str(_get(manifest, "recipe") or "unnamed")
 
 
-def _file_stem(recipe):
+def file_stem(recipe):
     """A recipe name safe as a file name (names are validated at build time; a hand-edited manifest is not)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", recipe).lstrip(".") or "unnamed"
 
 
-def _table(rows):
+def plot_name(recipe):
+    """The recipe's figure under plots/, as the plot stage writes it (plan.graph)."""
+    return f"{file_stem(recipe)}.png"
+
+
+FAMILIES = {"pytorch-mobile": "PyTorch Mobile", "executorch": "ExecuTorch", "onnxruntime": "ONNX Runtime",
+            EAGER: "PyTorch eager"}
+
+
+def family(row):
+    return FAMILIES.get(row.runtime, _text(row.runtime))
+
+
+def _runs_on(row):
+    """'ExecuTorch, xnnpack, int8': the runtime family, the backend, the precision."""
+    return ", ".join(part for part in (family(row), row.backend, row.precision) if part)
+
+
+def reference_accuracy(rows):
+    """Eager fp32's accuracy, as the targets' verifications measured it. A pruned target's reference is its pruned
+    eager model: the accuracy comes from an unpruned one."""
+    return next((r.metric("accuracy_reference") for r in rows
+                 if r.metric("accuracy_reference") is not None and not _get(r.target, "pruning")), None)
+
+
+def _main_table(rows):
     eager = rows[0]
-    with_accuracy = any(row.metric("accuracy_reference") is not None or row.metric("accuracy_artifact") is not None
-                        for row in rows)
+    quality = "quality vs eager fp32"
     columns = [
-        ("target", False, lambda row: row.label),
-        ("backend", False, lambda row: _text(row.backend)),
-        ("runtime", False, lambda row: _text(row.runtime)),
-        ("precision", False, lambda row: _text(row.precision)),
-        ("compression", False, _compression),
-        ("size (MB)", True, lambda row: _megabytes(row.size_bytes)),
-        ("zipped (MB)", True, lambda row: _megabytes(_finite(row.benchmark.get("artifact_compressed_bytes")))),
-        ("sparsity", True, lambda row: _percent(_number(_get(_get(row.verification, "sparsity"), "overall")))),
-        ("median (ms)", True, lambda row: _two_or_three_decimals(row.median_ms)),
-        ("p90 (ms)", True, lambda row: _two_or_three_decimals(row.timing("p90_ms"))),
-        (f"speed-up vs {EAGER_LABEL}", True, lambda row: _ratio(eager.median_ms, row.median_ms)),
-        (f"size vs {EAGER_LABEL}", True, lambda row: _ratio(row.size_bytes, eager.size_bytes)),
-        ("SQNR (dB)", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
-        ("cosine", True, lambda row: _fixed(row.metric("cosine"), 6)),
-        ("max rel. error", True, lambda row: _scientific(row.metric("max_rel_error"))),
-        ("top-1 agreement", True, lambda row: _fixed(row.metric("top1_agreement"), 3)),
+        Column("target", "", False, lambda row: row.label),
+        Column("status", "", False, lambda row: row.status),
+        Column("runs on", "", False, _runs_on),
+        Column("median (ms)", "latency on the host", True, lambda row: two_or_three_decimals(row.median_ms)),
+        Column("p90 (ms)", "latency on the host", True, lambda row: two_or_three_decimals(row.timing("p90_ms"))),
+        Column("speed-up", "latency on the host", True, lambda row: _ratio(eager.median_ms, row.median_ms)),
+        Column("MB", "size", True, lambda row: _megabytes(row.size_bytes)),
+        Column("vs eager", "size", True, lambda row: _ratio(row.size_bytes, eager.size_bytes)),
+        Column("SQNR (dB)", quality, True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
+        Column("top-1 agreement", quality, True, lambda row: _fixed(row.metric("top1_agreement"), 3)),
     ]
-    if with_accuracy:
-        # The eager row is the reference the targets are compared with: it shows the reference accuracy.
-        # A pruned target's reference is its pruned eager model: take the accuracy from an unpruned one.
-        reference = next((r.metric("accuracy_reference") for r in rows
-                          if r.metric("accuracy_reference") is not None and not _get(r.target, "pruning")), None)
-        columns.append(("accuracy (reference -> artifact)", True,
-                        lambda row: _percent(reference) if row is eager else _accuracy(row)))
-    if any(_structure(row) for row in rows):
-        columns.append(("graph (host-checked)", False, _structure))
-    columns.append(("status", False, lambda row: row.status))
-    return ([name for name, _, _ in columns], [numeric for _, numeric, _ in columns],
-            [[cell(row) for _, _, cell in columns] for row in rows])
+    if any(row.metric("accuracy_reference") is not None or row.metric("accuracy_artifact") is not None
+           for row in rows):
+        reference = reference_accuracy(rows)
+        columns.append(Column("accuracy", quality, True,
+                              lambda row: _percent(reference) if row is eager else _accuracy(row)))
+    return _filled(columns, rows)
+
+
+def _details_table(rows):
+    """The columns a person reads for one target rather than compares: only those with something in them."""
+    columns = [
+        Column("target", "", False, lambda row: row.label),
+        Column("compression", "", False, _compression),
+        Column("zipped (MB)", "", True, lambda row: _megabytes(finite(row.benchmark.get("artifact_compressed_bytes")))),
+        Column("sparsity", "", True, lambda row: _percent(_number(_get(_get(row.verification, "sparsity"),
+                                                                          "overall")))),
+        Column("cosine", "", True, lambda row: _fixed(row.metric("cosine"), 6)),
+        Column("max rel. error", "", True, lambda row: _scientific(row.metric("max_rel_error"))),
+        Column("graph (host-checked)", "", False, lambda row: _structure(row) or NONE),
+    ]
+    table = _filled(columns, rows)
+    kept = [index for index in range(len(columns)) if index == 0 or any(cells[index] != NONE
+                                                                         for cells in table.cells)]
+    if len(kept) == 1:
+        return None
+    return Table([columns[i] for i in kept], [[cells[i] for i in kept] for cells in table.cells], table.states)
+
+
+def _filled(columns, rows):
+    return Table(columns, [[column.cell(row) for column in columns] for row in rows], [row.state for row in rows])
+
+
+# --------------------------------------------------------------------------------------- what to ship, and why
+
+
+def _missed(metrics, thresholds):
+    """'SQNR dB 13.2 < 15' for each threshold a measured metric misses; unmeasured ones are not judged."""
+    missed = []
+    for key in _threshold_order(thresholds):
+        value, limit = _number(_get(metrics, key)), _number(thresholds[key])
+        label, direction = THRESHOLDS.get(key, (key, None))
+        if value is None or limit is None or direction is None:
+            continue
+        if (direction == ">=" and value < limit) or (direction == "<=" and value > limit):
+            missed.append(f"{label} {value:.3g} {'<' if direction == '>=' else '>'} {limit:g}")
+    return missed
+
+
+def shortfall(row):
+    """Why a target is not a candidate to ship (None when it is): it must be verified on this host and pass the
+    schema's default thresholds, not only the ones its recipe relaxed, against the unpruned model too."""
+    if row.state == "failed":
+        missed = _missed(_dict(_get(row.verification, "metrics")), _dict(_get(row.verification, "thresholds")))
+        return f"FAILED ({', '.join(missed)})" if missed else "FAILED"
+    if row.state != "passed":
+        return row.status
+    if row.median_ms is None:
+        return "no host benchmark"
+    used = _dict(_get(row.verification, "thresholds"))
+    defaults = {**used, **{key: _get(values, "default") for key, values in
+                           _dict(_get(row.verification, "relaxed")).items()}}
+    missed = _missed(_dict(_get(row.verification, "metrics")), defaults)
+    if missed:
+        return f"passed only with relaxed thresholds ({', '.join(missed)})"
+    against = _get(row.verification, "against_unpruned")
+    missed = _missed(_dict(against), defaults) if isinstance(against, dict) else []
+    if missed:
+        return f"against the unpruned fp32 model: {', '.join(missed)}"
+    return None
+
+
+def _quality(row):
+    accuracy = row.metric("accuracy_artifact")
+    if accuracy is not None:
+        return f"accuracy {_percent(accuracy)}"
+    sqnr = row.metric("sqnr_db")
+    return f"SQNR {_fixed(sqnr, 1)} dB" if sqnr is not None else "no quality measured"
+
+
+def _pitch(row, eager):
+    speed = _ratio(eager.median_ms, row.median_ms)
+    return (f"{two_or_three_decimals(row.median_ms)} ms median" + (f" ({speed} eager fp32)" if speed != NONE else "")
+            + f", {_megabytes(row.size_bytes)} MB, {_quality(row)}")
+
+
+def recommend(rows):
+    """Lines that answer "which artifact do I ship?": the fastest host-verified artifact that passes the default
+    thresholds, the best of each runtime family, what is faster but left out (and why), what only a device can
+    measure."""
+    eager, targets = rows[0], rows[1:]
+    if not targets:
+        return []
+    candidates = sorted((row for row in targets if shortfall(row) is None), key=lambda row: row.median_ms)
+    lines = []
+    if candidates:
+        best = candidates[0]
+        lines.append(f"Ship {best.label} ({_runs_on(best)}): the fastest of {len(candidates)} artifact(s) verified "
+                     f"on this host that pass the default thresholds; {_pitch(best, eager)}.")
+        families = {}
+        for row in candidates:
+            families.setdefault(family(row), row)
+        missing = sorted({family(row) for row in targets if row.median_ms is not None} - set(families))
+        if len(families) > 1 or missing:
+            shown = [f"{name}: {row.label} ({two_or_three_decimals(row.median_ms)} ms)" for name, row in
+                     families.items()] + [f"{name}: none passes" for name in missing]
+            lines.append(f"Best per runtime: {'; '.join(shown)}.")
+        limit = best.median_ms
+    else:
+        lines.append("Nothing to ship yet: no artifact verified on this host passes the default thresholds.")
+        limit = math.inf
+    left_out = [row for row in targets if row.median_ms is not None and row.median_ms < limit
+                and shortfall(row) is not None]
+    if left_out:
+        lines.append(("Faster, but left out: " if candidates else "Left out: ") + "; ".join(
+            f"{row.label} ({two_or_three_decimals(row.median_ms)} ms): {shortfall(row)}"
+            for row in sorted(left_out, key=lambda row: row.median_ms)) + ".")
+    device = [row for row in targets if row.state == "not run on host"]
+    if device:
+        lines.append("To measure on a device (built; this host cannot run them): "
+                     + ", ".join(f"{row.label} ({_runs_on(row)})" for row in device) + ".")
+    return lines
 
 
 def _compression(row):
@@ -348,7 +504,8 @@ def _grouped(items):
 
 
 def _notes(rows):
-    notes = []
+    why = _grouped((row.label, (row.state, row.reason)) for row in rows[1:] if row.reason)
+    notes = [f"{state} ({', '.join(labels)}): {reason}" for (state, reason), labels in why.items()]
     for row in rows:
         status = _get(row.benchmark, "status")
         if not row.benchmark:
@@ -410,7 +567,7 @@ def _device(device):
         shown += f" on {device['serial']}"
     # speed_benchmark_torch reports total time / iterations, a mean: it is named as such, never as a median.
     for key, name in (("median_ms", "median"), ("mean_ms", "mean")):
-        value = _finite(device.get(key))
+        value = finite(device.get(key))
         if value is not None:
             return f"{shown}, {name} {value:.2f} ms"
     return shown
@@ -418,7 +575,7 @@ def _device(device):
 
 def _section(manifest):
     recipe = _recipe_name(manifest)
-    rows = _rows(manifest)
+    rows = table_rows(manifest)
     about = []
     if _get(manifest, "recipe_file") or _get(manifest, "recipe_sha256"):
         about.append(f"Recipe {_text(_get(manifest, 'recipe_file'))}, sha256 "
@@ -429,18 +586,12 @@ def _section(manifest):
     if not isinstance(_get(manifest, "targets"), list):
         about.append("This manifest lists no targets, verification or benchmarks (written by an older mobilebuild?): "
                      "targets are taken from its artifacts.")
-    header, numeric, cells = _table(rows)
-    section = Section(recipe, rows, about, header, numeric, cells, [row.state for row in rows], _failures(rows),
-                      _notes(rows))
-    timed = [row for row in rows if row.median_ms is not None]
-    if not timed:
+    section = Section(recipe, rows, about, recommend(rows), _main_table(rows), _details_table(rows),
+                      _failures(rows), _notes(rows))
+    if any(row.median_ms is not None for row in rows):
+        section.plot = plot_name(recipe)
+    else:
         section.no_plots = "No plots: no benchmark ran for this recipe."
-        return section
-    stem = _file_stem(recipe)
-    section.plots.append(Plot(f"{recipe}: median latency on the host, p10-p90", f"{stem}-latency.png", plot_latency))
-    if any(row.size_bytes is not None for row in timed):
-        section.plots.append(Plot(f"{recipe}: artifact size vs median latency", f"{stem}-size-latency.png",
-                                  plot_size_latency))
     return section
 
 
@@ -531,6 +682,12 @@ def _plot_href(filename):
     return f"{PLOTS_DIR}/{quote(filename)}"
 
 
+def _md_table(table):
+    lines = ["| " + " | ".join(_md_cell(h) for h in table.header) + " |",
+             "|" + "|".join("---:" if numeric else "---" for numeric in table.numeric) + "|"]
+    return lines + ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.cells] + [""]
+
+
 def render_markdown(report):
     lines = [f"# {TITLE}", ""]
     lines += _md_list(report.about) + ["", "## Summary", ""]
@@ -538,10 +695,12 @@ def render_markdown(report):
     for section in report.sections:
         lines += [f"## {_one_line(section.recipe)}", ""]
         lines += [*map(_one_line, section.about), ""] if section.about else []
-        lines.append("| " + " | ".join(_md_cell(h) for h in section.header) + " |")
-        lines.append("|" + "|".join("---:" if numeric else "---" for numeric in section.numeric) + "|")
-        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in section.cells]
-        lines.append("")
+        if section.recommendation:
+            first, *rest = section.recommendation
+            lines += [f"**{_one_line(first)}**", ""] + (_md_list(rest) + [""] if rest else [])
+        lines += _md_table(section.table)
+        if section.details:
+            lines += ["**Details:**", ""] + _md_table(section.details)
         if section.failures:
             lines += ["**Failures:**", ""] + _md_list(section.failures) + [""]
         if section.notes:
@@ -549,9 +708,13 @@ def render_markdown(report):
             lines += ["**Notes:**", ""] + _md_list(section.notes) + [""]
         if section.no_plots:
             lines += [section.no_plots, ""]
-        for plot in section.plots:
-            lines += [f"![{_one_line(plot.title)}]({_plot_href(plot.filename)})", ""]
+        if section.plot:
+            lines += [f"![{_one_line(_plot_title(section.recipe))}]({_plot_href(section.plot)})", ""]
     return "\n".join(lines)
+
+
+def _plot_title(recipe):
+    return f"{recipe}: median latency on the host (p10-p90), and size and quality against it"
 
 
 CSS = """
@@ -559,21 +722,28 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
        margin: 2em auto; max-width: 1400px; padding: 0 1em; line-height: 1.45; }
 h1 { border-bottom: 1px solid #d0d7de; padding-bottom: .3em; }
 h2 { margin-top: 2em; border-bottom: 1px solid #d0d7de; padding-bottom: .2em; }
+.ship { border-left: 4px solid #1a7f37; background: #f0fff4; padding: .5em 1em; margin: 1em 0; }
+.ship p { margin: 0 0 .3em 0; font-weight: 600; }
+.ship ul { margin: 0; padding-left: 1.2em; font-size: 14px; }
+.ship.none { border-left-color: #9a6700; background: #fff8c5; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: 14px; }
 th, td { border: 1px solid #d0d7de; padding: 4px 8px; }
-th { background: #f6f8fa; max-width: 8em; }
+th { background: #f6f8fa; }
+thead tr.groups th { font-weight: normal; color: #59636e; font-size: 13px; }
 td { white-space: nowrap; }
-td.status { white-space: normal; min-width: 8em; max-width: 24em; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.reference td { background: #f6f8fa; font-style: italic; }
 tr.failed td { background: #ffebe9; }
 tr.failed td.status { color: #cf222e; font-weight: bold; }
+tr.passed td.status { color: #1a7f37; }
 tr.not-run td.status { color: #9a6700; }
+details { margin: .5em 0; }
+summary { cursor: pointer; color: #0969da; font-size: 14px; }
 .failures { border-left: 4px solid #cf222e; background: #fff5f5; padding: .5em 1em; margin: 1em 0; }
 .failures h3 { color: #cf222e; margin: 0; font-size: 1em; }
 ul.notes { color: #59636e; font-size: 14px; }
-figure { display: inline-block; margin: 1em 1em 0 0; }
+figure { margin: 1em 0 0 0; }
 figure img { max-width: 100%; border: 1px solid #d0d7de; }
 figcaption { font-size: 13px; color: #59636e; }
 """
@@ -581,6 +751,24 @@ figcaption { font-size: 13px; color: #59636e; }
 
 def _row_class(state):
     return state if state in ("reference", "passed", "failed") else "not-run"
+
+
+def _html_table(table):
+    e = html.escape
+    out = ['<div class="scroll">', "<table>", "<thead>"]
+    groups = table.groups()
+    if any(name for name, _ in groups):
+        out.append('<tr class="groups">' + "".join(
+            f'<th colspan="{span}">{e(name)}</th>' if span > 1 else f"<th>{e(name)}</th>" for name, span in groups)
+            + "</tr>")
+    out += ["<tr>" + "".join(f"<th>{e(h)}</th>" for h in table.header) + "</tr>", "</thead>", "<tbody>"]
+    for state, row in zip(table.states, table.cells):
+        cells = []
+        for column, cell in zip(table.columns, row):
+            kind = "status" if column.name == "status" else "num" if column.numeric else None
+            cells.append(f'<td class="{kind}">{e(cell)}</td>' if kind else f"<td>{e(cell)}</td>")
+        out.append(f'<tr class="{_row_class(state)}">{"".join(cells)}</tr>')
+    return out + ["</tbody>", "</table>", "</div>"]
 
 
 def render_html(report):
@@ -593,19 +781,19 @@ def render_html(report):
     out += [f"<li>{e(line)}</li>" for line in report.summary]
     out.append("</ul>")
     for section in report.sections:
-        out.append(f'<section id="{e(_file_stem(section.recipe))}">')
+        out.append(f'<section id="{e(file_stem(section.recipe))}">')
         out.append(f"<h2>{e(section.recipe)}</h2>")
         out += [f"<p>{e(line)}</p>" for line in section.about]
-        out += ['<div class="scroll">', "<table>", "<thead>", "<tr>"]
-        out += [f"<th>{e(h)}</th>" for h in section.header]
-        out += ["</tr>", "</thead>", "<tbody>"]
-        for state, row in zip(section.states, section.cells):
-            cells = []
-            for index, (numeric, cell) in enumerate(zip(section.numeric, row)):
-                kind = "status" if index == len(row) - 1 else "num" if numeric else None
-                cells.append(f'<td class="{kind}">{e(cell)}</td>' if kind else f"<td>{e(cell)}</td>")
-            out.append(f'<tr class="{_row_class(state)}">{"".join(cells)}</tr>')
-        out += ["</tbody>", "</table>", "</div>"]
+        if section.recommendation:
+            first, *rest = section.recommendation
+            shipping = "ship" if first.startswith("Ship ") else "ship none"
+            out += [f'<div class="{shipping}">', f"<p>{e(first)}</p>"]
+            out += ["<ul>"] + [f"<li>{e(line)}</li>" for line in rest] + ["</ul>"] if rest else []
+            out.append("</div>")
+        out += _html_table(section.table)
+        if section.details:
+            out += ["<details>", "<summary>Details: compression, more metrics, the graph</summary>"]
+            out += _html_table(section.details) + ["</details>"]
         if section.failures:
             out += ['<div class="failures">', "<h3>Failures</h3>", "<ul>"]
             out += [f"<li>{e(failure)}</li>" for failure in section.failures]
@@ -614,107 +802,23 @@ def render_html(report):
             out += ['<ul class="notes">'] + [f"<li>{e(note)}</li>" for note in section.notes] + ["</ul>"]
         if section.no_plots:
             out.append(f"<p>{e(section.no_plots)}</p>")
-        for plot in section.plots:
-            out += ["<figure>", f'<img src="{e(_plot_href(plot.filename))}" alt="{e(plot.title)}">',
-                    f"<figcaption>{e(plot.title)}</figcaption>", "</figure>"]
+        if section.plot:
+            title = _plot_title(section.recipe)
+            out += ["<figure>", f'<img src="{e(_plot_href(section.plot))}" alt="{e(title)}">',
+                    f"<figcaption>{e(title)}</figcaption>", "</figure>"]
         out.append("</section>")
     out += ["</body>", "</html>", ""]
     return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------------------------------------- plots
-
-FIGURE_SIZE = (8, 4.5)
-DPI = 100
-COLOURS = {"reference": "#8c959f", "failed": "#cf222e"}
-DEFAULT_COLOUR = "#0969da"
-
-
-def _png(figure):
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI)
-    return buffer.getvalue()
-
-
-def _new_figure():
-    # A bare Figure on an Agg canvas, not pyplot: no global backend switch for a caller that has its own, and
-    # nothing registered in pyplot's figure list, so nothing to close and nothing leaks across calls.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=FIGURE_SIZE, dpi=DPI)
-    FigureCanvasAgg(figure)
-    return figure, figure.add_subplot()
-
-
-def _tick_label(row):
-    return f"{row.label}\n(FAILED)" if row.state == "failed" else row.label
-
-
-def _whiskers(row):
-    """(median - p10, p90 - median), each 0 when not recorded (or out of order: a whisker never points inwards)."""
-    median, p10, p90 = row.median_ms, _finite(row.timing("p10_ms")), _finite(row.timing("p90_ms"))
-    return (max(0.0, median - p10) if p10 is not None else 0.0, max(0.0, p90 - median) if p90 is not None else 0.0)
-
-
-def plot_latency(recipe, rows):
-    """Bars of median latency with p10-p90 whiskers, eager first; rows without a timed benchmark are left out."""
-    timed = [row for row in rows if row.median_ms is not None]
-    figure, axes = _new_figure()
-    positions = range(len(timed))
-    medians = [row.median_ms for row in timed]
-    below, above = zip(*(_whiskers(row) for row in timed))
-    axes.bar(positions, medians, yerr=[list(below), list(above)], capsize=6, width=0.6,
-             color=[COLOURS.get(row.state, DEFAULT_COLOUR) for row in timed], error_kw={"ecolor": "#1f2328"})
-    for position, median, whisker in zip(positions, medians, above):
-        axes.annotate(_two_or_three_decimals(median), (position, median + whisker), xytext=(0, 4),
-                      textcoords="offset points", ha="center", va="bottom", fontsize=9)
-    axes.set_xticks(list(positions), [_tick_label(row) for row in timed])
-    axes.set_ylabel("median latency (ms)")
-    axes.set_ylim(0, max(m + a for m, a in zip(medians, above)) * 1.15 or 1)
-    axes.set_title(f"{recipe}: median latency on the host (whiskers: p10-p90)")
-    axes.grid(axis="y", alpha=0.3)
-    axes.set_axisbelow(True)
-    figure.tight_layout()
-    return _png(figure)
-
-
-def plot_size_latency(recipe, rows):
-    """Each target (and eager) as one point: artifact size against median latency, labelled with its name."""
-    points = [row for row in rows if row.median_ms is not None and row.size_bytes is not None]
-    figure, axes = _new_figure()
-    sizes = [row.size_bytes / 1e6 for row in points]
-    medians = [row.median_ms for row in points]
-    axes.scatter(sizes, medians, s=60, color=[COLOURS.get(row.state, DEFAULT_COLOUR) for row in points],
-                 zorder=3)
-    for row, size, median in zip(points, sizes, medians):
-        axes.annotate(_tick_label(row).replace("\n", " "), (size, median), xytext=(6, 6),
-                      textcoords="offset points", fontsize=9)
-    # From zero on both axes so that distances read as ratios; the margin keeps labels inside the frame.
-    axes.set_xlim(0, max(sizes) * 1.3 or 1)
-    axes.set_ylim(0, max(medians) * 1.3 or 1)
-    axes.set_xlabel("artifact size (MB)")
-    axes.set_ylabel("median latency (ms)")
-    axes.set_title(f"{recipe}: artifact size vs median latency")
-    axes.grid(alpha=0.3)
-    axes.set_axisbelow(True)
-    figure.tight_layout()
-    return _png(figure)
 
 
 # ------------------------------------------------------------------------------------------------- entry points
 
 
 def write_report(manifests, out_dir, unbuilt=None):
-    """Write out_dir/report.md, out_dir/report.html and out_dir/plots/*.png; return the paths written."""
+    """Write out_dir/report.md and report.html (the figures are the plot stage's); return the paths written."""
     out_dir = Path(out_dir)
     report = build(manifests, unbuilt)
     written = []
-    for section in report.sections:
-        for plot in section.plots:
-            path = out_dir / PLOTS_DIR / plot.filename
-            store.write_bytes(path, plot.draw(section.recipe, section.rows))
-            written.append(path)
     for name, text in (("report.md", render_markdown(report)), ("report.html", render_html(report))):
         store.write_text(out_dir / name, text)
         written.append(out_dir / name)
@@ -747,8 +851,6 @@ def main(artifacts_dir="artifacts", unbuilt=None):
     if not manifests and not unbuilt:
         print(f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)", file=sys.stderr)
         return 2
-    written = write_report(manifests, artifacts_dir, unbuilt)
-    plots = sum(1 for path in written if path.suffix == ".png")
-    print(f"wrote {Path(artifacts_dir) / 'report.html'} and report.md ({len(manifests)} recipe(s), {plots} plot(s) "
-          f"in {Path(artifacts_dir) / PLOTS_DIR})")
+    write_report(manifests, artifacts_dir, unbuilt)
+    print(f"wrote {Path(artifacts_dir) / 'report.html'} and report.md ({len(manifests)} recipe(s))")
     return 0
