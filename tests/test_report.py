@@ -411,6 +411,7 @@ def test_a_verdict_against_relaxed_thresholds_says_so(tmp_path):
     assert "| qnnpack | passed (relaxed) |" in markdown and "| xnnpack | passed |" in markdown
     assert "RELAXED by the recipe: SQNR dB 10 (default 15), top-1 agreement 0.25 (default 0.8)" in markdown
     assert "passed (relaxed)" in html
+    assert '<tr class="relaxed"><td>qnnpack</td>' in html  # not in a passing green
     # a verdict against relaxed thresholds is no reason to ship: the defaults are what the recommendation holds to
     assert ("- Faster, but left out: qnnpack (4.20 ms): passed only with relaxed thresholds (SQNR dB 12.5 < 15, "
             "cosine 0.973 < 0.9999, max rel. error 0.21 > 0.01, top-1 agreement 0.5 < 0.8)." in markdown)
