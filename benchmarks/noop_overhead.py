@@ -12,13 +12,14 @@ Both run K times (default 7) as subprocesses, interleaved, after one untimed war
 Every timed run must execute nothing. One more mobilebuild no-op runs with a PYTHONPATH whose `torch` raises on
 import.
 
-Targets: at the largest size median(mobilebuild) <= 2x median(bare doit); from the smallest size to the largest,
+Targets: at the largest size median(mobilebuild) <= 1.5x median(bare doit); from the smallest size to the largest,
 time and peak RSS grow at most linearly with the number of tasks; torch is never imported by a no-op run.
 
-    /work/venv/bin/python benchmarks/noop_overhead.py [--recipes 10 50 200] [--repeats 7]
+    .venv/bin/python benchmarks/noop_overhead.py [--recipes 10 50 200] [--repeats 7]
 """
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from pathlib import Path
 import yaml
 from _bench import PYTHON, REPO, bytecode_env, fail, interleave, measure, median, summary, table, verdict
 
-TARGET_RATIO = 2.0
+TARGET_RATIO = 1.5
 VARIANTS = 5
 TEAMS = ("camera", "speech", "ocr", "pose", "ranking")
 
@@ -144,11 +145,13 @@ def build_once(root, label, env=None):
 
 
 def noop_problem(run, tasks):
-    """Why `run` was not an up-to-date run of `tasks` file tasks, or None."""
+    """Why `run` was not an up-to-date run of `tasks` file tasks, or None. Bare doit lists each task it skips;
+    mobilebuild's reporter says it in one line (`all N tasks up to date: nothing to do`)."""
     lines = run.output.splitlines()
     executed = [line for line in lines if line.startswith(".  ")]
     skipped = sum(line.startswith("-- ") for line in lines)
-    if run.returncode or executed or skipped != tasks:
+    one_line = len(lines) == 1 and re.fullmatch(r"all \d+ tasks up to date: nothing to do", lines[0])
+    if run.returncode or executed or (skipped != tasks and not one_line):
         return f"rc {run.returncode}, {len(executed)} executed {executed[:3]}, {skipped}/{tasks} up to date"
     return None
 

@@ -526,3 +526,24 @@ def test_repeated_native_warnings_are_shown_once(capfd):
     assert capfd.readouterr().err.splitlines() == [
         warning.decode().strip(), "[W1124 01:27:46.000000001 qlinear_dynamic.cpp:251] Warning: reduce_range",
         "the runtime's own error", "   (31 repeats of the warnings above not shown)"]
+
+
+def test_a_native_warning_shown_earlier_in_the_build_is_not_shown_again(capfd, monkeypatch, tmp_path):
+    """Every dynamic int8 stage of a build (quantize, verify, bench) warned of qnnpack's reduce_range: once is
+    enough. The build's reporter names the file where stages, in any worker, note what they showed."""
+    from mobilebuild.worker import quiet
+
+    monkeypatch.setenv(quiet.SHOWN_WARNINGS, str(tmp_path / "shown"))
+    reduce_range = b"[W1124 01:27:46.000000001 qlinear_dynamic.cpp:251] Warning: reduce_range\n"
+    with quiet.native_stderr(once=True):
+        os.write(2, reduce_range)
+    with quiet.native_stderr(once=True):  # a later stage, at another time
+        os.write(2, reduce_range.replace(b"01:27:46", b"01:29:01"))
+        os.write(2, b"[W1124 01:29:01.000000002 TensorShape.cpp:167] Warning: cat\n")
+    assert capfd.readouterr().err.splitlines() == [
+        reduce_range.decode().strip(), "[W1124 01:29:01.000000002 TensorShape.cpp:167] Warning: cat"]
+
+    monkeypatch.delenv(quiet.SHOWN_WARNINGS)  # outside a build: once per block
+    with quiet.native_stderr(once=True):
+        os.write(2, reduce_range)
+    assert capfd.readouterr().err == reduce_range.decode()

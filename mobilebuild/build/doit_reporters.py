@@ -2,7 +2,10 @@
 other reporters. Every one of them takes the build lock, and writes the report at the end of a run in which a
 broken recipe kept doit from writing it."""
 
+import contextlib
+import os
 import sys
+import tempfile
 
 from doit import reporter
 from doit.exceptions import TaskError, UnmetDependency
@@ -11,6 +14,7 @@ from doit.reporter import ConsoleReporter
 from mobilebuild.build.actions import write_manifests_despite, write_report_despite
 from mobilebuild.build.execute import untrusted_summary
 from mobilebuild.build.repo_lock import hold_build_lock
+from mobilebuild.worker.quiet import SHOWN_WARNINGS
 
 
 class RunHooks:
@@ -21,6 +25,9 @@ class RunHooks:
         hold_build_lock()  # only when tasks are about to run: listing never waits
         untrusted_summary()  # left by a build that was killed: not this one's
         self.failed = {}
+        # the workers, started after this, show each C++ warning once per build (worker/quiet.py)
+        handle, os.environ[SHOWN_WARNINGS] = tempfile.mkstemp(prefix="mobilebuild-warnings-")
+        os.close(handle)
         if hasattr(super(), "initialize"):
             super().initialize(tasks, selected_tasks)
 
@@ -30,6 +37,8 @@ class RunHooks:
 
     def complete_run(self):
         super().complete_run()
+        with contextlib.suppress(OSError, KeyError):
+            os.unlink(os.environ.pop(SHOWN_WARNINGS))
         summary = untrusted_summary()
         if summary:  # the real stderr: doit's JSON reporter swaps sys.stderr for a buffer
             print(summary, file=sys.__stderr__, flush=True)

@@ -36,13 +36,33 @@ def quiet(logs=logging.CRITICAL, warnings=True, output=True):
 # torch's C++ warnings: "[W1123 23:53:09.382403295 qlinear_dynamic.cpp:251] Warning: ..." (date, time, and a
 # process id on some builds), printed each time the code runs: a quantized cat warned 32 times per benchmark
 C10_WARNING = re.compile(rb"^\[W\d{4} [\d:.]+(?: \d+)? ([^\]]+)\] (.*)")
+# A file listing the C++ warnings shown so far in this build, one per line: each is shown once per build, not once
+# per stage (qnnpack's reduce_range warning came from every dynamic int8 stage). Set by the build's reporter.
+SHOWN_WARNINGS = "MOBILEBUILD_SHOWN_WARNINGS"
+
+
+def _shown_in_build():
+    path = os.environ.get(SHOWN_WARNINGS)
+    try:
+        with open(path, "rb") as shown:
+            return set(shown.read().splitlines())
+    except (OSError, TypeError):
+        return set()
+
+
+def _remember(key):
+    path = os.environ.get(SHOWN_WARNINGS)
+    if path:
+        with contextlib.suppress(OSError), open(path, "ab") as shown:  # one short append: whole, even from workers
+            shown.write(key + b"\n")
 
 
 @contextlib.contextmanager
 def native_stderr(dropped=(), kept=None, kept_prefix=(), once=False, python_too=True):
     """What native code writes to file descriptor 2, filtered: lines starting with `dropped` go, lines starting with
     `kept_prefix` are collected in the list `kept` instead of printed (a kernel's reason for failing, which its
-    exception leaves out), with `once` each of torch's C++ warnings is shown the first time only, and the rest pass
+    exception leaves out), with `once` each of torch's C++ warnings is shown the first time only (in the build, where
+    one is running, else in this block), and the rest pass
     on as they come (a crash's last words included). Python's sys.stderr goes the same way (bindings log through it,
     and it need not be descriptor 2: under pytest, say), unless `python_too` is false: then it writes straight to
     the real stderr (a live progress counter, whose carriage returns a line filter would hold back)."""
@@ -53,16 +73,21 @@ def native_stderr(dropped=(), kept=None, kept_prefix=(), once=False, python_too=
     os.close(write_end)
 
     def forward():
-        seen, repeated = set(), 0
+        seen, repeated, earlier = set(), 0, _shown_in_build() if once else set()
         with os.fdopen(read_end, "rb") as lines:
             for line in lines:
                 warning = C10_WARNING.match(line) if once else None
+                key = b" ".join(warning.groups()) if warning else None
                 if kept is not None and kept_prefix and line.startswith(kept_prefix):
                     kept.append(line.decode(errors="replace"))
-                elif warning and warning.groups() in seen:
+                elif key in earlier:
+                    continue  # shown by an earlier stage of this build
+                elif warning and key in seen:
                     repeated += 1
                 elif not (dropped and line.startswith(dropped)):
-                    seen.add(warning.groups() if warning else None)
+                    if warning:
+                        seen.add(key)
+                        _remember(key)
                     os.write(stderr, line)
         if repeated:
             os.write(stderr, f"   ({repeated} repeats of the warnings above not shown)\n".encode())

@@ -215,7 +215,7 @@ def check_runs(model, specs, engine, field):
     said = []  # the engine's own reason, which its exception leaves out (the second run's is the same)
 
     def forward(watcher=contextlib.nullcontext()):
-        with torch.no_grad(), watcher, quiet.native_stderr(kept=said, kept_prefix=ENGINE_ERRORS):
+        with torch.no_grad(), watcher, quiet.native_stderr(kept=said, kept_prefix=ENGINE_ERRORS, once=True):
             model(*modeling.example_inputs(specs))
 
     try:
