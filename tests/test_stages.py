@@ -225,3 +225,16 @@ def test_a_library_message_is_quoted_as_whole_sentences_without_its_staff_notes(
     assert first_line(ValueError("one sentence, e.g. this one\nand a second line")) == "one sentence, e.g. this one"
     assert first_line(ValueError("x" * 400)) == "x" * 299 + "\u2026"
     assert first_line(KeyError()) == "KeyError"
+
+
+def test_a_message_that_introduces_a_list_keeps_what_it_is_about():
+    # torch.jit.script of a dynamically quantized Transformer encoder: the code it points at, and where
+    torchscript = ("\nmethod cannot be used as a value:\n  File \"/venv/torch/nn/modules/transformer.py\", line 884\n"
+                   "                self.norm2.bias,\n                self.linear1.weight,\n"
+                   "                ~~~~~~~~~~~~~~~~~~~ <--- HERE\n                self.linear1.bias,\n")
+    assert modeling.first_line(RuntimeError(torchscript)) == (
+        "method cannot be used as a value: self.linear1.weight, (transformer.py, line 884)")
+    # pybind11: the list of signatures that follows is left out, and so is the sentence that announces it
+    pybind = ("__call__(): incompatible function arguments. The following argument types are supported:\n"
+              "    1. (self: torch._C.ScriptMethod, *args, **kwargs) -> object\n\nInvoked with: 3")
+    assert modeling.first_line(TypeError(pybind)) == "__call__(): incompatible function arguments."

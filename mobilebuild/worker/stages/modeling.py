@@ -19,12 +19,22 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int
 # Sentences in library messages that only point elsewhere: a library's notes for its own staff, bug-report requests.
 _POINTERS = re.compile(r"Facebook employee|fburl\.com|please report a bug|please file an issue", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z'\"(\[])")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a frame of TorchScript's source in its errors
 
 
 def first_line(exc, limit=300):
     """An exception's first line as whole sentences within `limit` characters, without the sentences after the
-    first that only point elsewhere; a first sentence longer than the limit is cut and ends with an ellipsis."""
-    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    first that only point elsewhere; a first sentence longer than the limit is cut and ends with an ellipsis. A line
+    that introduces what follows it (ends with ':') gets the code TorchScript points at, or loses that sentence."""
+    lines = (str(exc).strip() or type(exc).__name__).splitlines()
+    text = lines[0]
+    if text.endswith(":"):
+        pointed = _pointed_at(lines)
+        sentences = _SENTENCE_END.split(text)
+        if pointed:
+            text = f"{text} {pointed}"
+        elif len(sentences) > 1:  # "incompatible function arguments. The following argument types are supported:"
+            text = " ".join(sentences[:-1])
     first, *rest = _SENTENCE_END.split(text)
     if len(first) > limit:
         return first[:limit - 1].rstrip() + "\u2026"
@@ -35,6 +45,16 @@ def first_line(exc, limit=300):
             break
         first = f"{first} {sentence}"
     return first
+
+
+def _pointed_at(lines):
+    """'self.linear1.weight (transformer.py, line 884)': the code under TorchScript's '<--- HERE' and where it is."""
+    here = next((index for index, line in enumerate(lines) if "<--- HERE" in line), None)
+    if not here or here < 2:
+        return None
+    code = lines[here - 1].strip()
+    where = next((found for found in map(_FRAME.search, reversed(lines[:here])) if found), None)
+    return f"{code} ({where[1].rsplit('/', 1)[-1]}, line {where[2]})" if where else code
 
 
 def resolve_callable(spec, field):
