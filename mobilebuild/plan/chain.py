@@ -87,7 +87,29 @@ class Chain:
         """How an int8 model was quantized, for the stages that rebuild it and for the manifest."""
         if self.precision != "int8":
             return None
-        return {"mode": self.target.quantize["mode"], "weights": self.target.quantize.get("weights")}
+        found = {"mode": self.target.quantize["mode"], "weights": self.target.quantize.get("weights")}
+        if self.target.quantize.get("exclude"):  # only where set: other recipes keep their keys
+            found["exclude"] = self.target.quantize["exclude"]
+        return found
+
+    def quantize_options(self):
+        """(exclude, observer): the target's quantize.exclude and quantize.observer as its route takes them, None
+        where unset. Module names are checked by the stages, which have the model."""
+        settings, route, file = self.target.quantize, self.route, self.recipe.file
+        exclude, observer = settings.get("exclude") or None, settings.get("observer")
+        if observer is not None and observer not in route.observers:
+            choices = f"expected one of {', '.join(route.observers)}" if route.observers else "it takes none"
+            raise MobileBuildError(f"{route.backend} ({route.runtime}) has no observer {observer!r}: {choices}",
+                                   file=file, field=self.where("quantize.observer"))
+        if observer is not None and settings["mode"] != "static":
+            raise MobileBuildError(f"an observer calibrates static quantization; mode {settings['mode']!r} observes "
+                                   "no activations: leave observer out", file=file,
+                                   field=self.where("quantize.observer"))
+        if exclude and settings["mode"] == "qat":
+            raise MobileBuildError("a QAT checkpoint was trained with what it quantizes fixed: keep modules in float "
+                                   "when preparing it for training, and leave exclude out", file=file,
+                                   field=self.where("quantize.exclude"))
+        return exclude, observer
 
     def where(self, name):
         return self.fields.get(name, name)
@@ -211,8 +233,10 @@ def quantize(chain):
     elif settings["mode"] == "qat":
         inputs["trained"] = settings["checkpoint"]
     name = f"{recipe.name}-{chain.target.id}" if chain.own_quantization else f"{recipe.name}-{route.engine}"
+    exclude, observer = chain.quantize_options()
     config = stages.QuantizeConfig(engine=route.engine, mode=settings["mode"], weights=settings.get("weights"),
-                                   inputs=recipe.inputs, model=chain.source, fuse=recipe.fuse, calibration=calibration)
+                                   inputs=recipe.inputs, model=chain.source, fuse=recipe.fuse, calibration=calibration,
+                                   exclude=exclude, observer=observer)
     return chain.node("quantize", name, config, inputs,
                       f"{chain.out}/quantized-{name.removeprefix(recipe.name + '-')}.pt",
                       files=chain.source_files + files, fields=chain.fields if chain.own_quantization else {})
@@ -247,25 +271,34 @@ def nnapi(chain):
 
 
 def _final_quantization(chain):
-    """(calibration, weights, files) of a route that quantizes in its final stage."""
+    """{calibration, weights, exclude, observer} and the files they read, of a route that quantizes in its final
+    stage."""
     if chain.precision != "int8":
-        return None, None, chain.source_files
+        return {}, chain.source_files
     calibration, files = chain.static_only()
-    return calibration, chain.target.quantize.get("weights"), chain.source_files + files
+    exclude, observer = chain.quantize_options()
+    return ({"calibration": calibration, "weights": chain.target.quantize.get("weights"), "exclude": exclude,
+             "observer": observer}, chain.source_files + files)
 
 
 def lower(chain):
-    calibration, weights, files = _final_quantization(chain)
+    quantization, files = _final_quantization(chain)
     options = chain.settings
-    config = stages.LowerConfig(precision=chain.precision, inputs=chain.recipe.inputs,
-                                delegate=options.pop("delegate", chain.route.delegate), options=options,
-                                model=chain.source, fuse=chain.recipe.fuse, calibration=calibration, weights=weights)
+    delegate = options.pop("delegate", chain.route.delegate)
+    if delegate != chain.route.delegate:  # another delegate's quantizer: its own observers and module selection
+        for key in ("exclude", "observer"):
+            if quantization.get(key):
+                raise MobileBuildError(f"the {delegate} delegate's int8 recipe quantizes with its own quantizer, "
+                                       f"which takes no {key}: leave it out for this target", file=chain.recipe.file,
+                                       field=chain.where(f"quantize.{key}"))
+    config = stages.LowerConfig(precision=chain.precision, inputs=chain.recipe.inputs, delegate=delegate,
+                                options=options, model=chain.source, fuse=chain.recipe.fuse, **quantization)
     return chain.shipped("lower", config, {"model": chain.nodes["fuse"]}, files=files)
 
 
 def export(chain):
-    calibration, weights, files = _final_quantization(chain)
+    quantization, files = _final_quantization(chain)
     config = stages.ExportConfig(precision=chain.precision, inputs=chain.recipe.inputs, options=chain.settings,
-                                 model=chain.source, fuse=chain.recipe.fuse, calibration=calibration, weights=weights,
-                                 outputs=chain.recipe.outputs)
+                                 model=chain.source, fuse=chain.recipe.fuse, outputs=chain.recipe.outputs,
+                                 **quantization)
     return chain.shipped("export", config, {"model": chain.nodes["fuse"]}, files=files)

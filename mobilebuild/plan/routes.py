@@ -43,6 +43,8 @@ class Route:
     preflight: str | None = None  # "module:function" that `mobilebuild check` runs for the target
     structure: Callable | None = None  # verify's host facts about the artifact -> one line for the report
     distributions: tuple = ()  # the packages besides torch whose versions shape the artifact
+    # quantize.observer's choices for its int8 artifacts, its default first (empty: it takes no observer setting)
+    observers: tuple = ()
     default: bool = False  # the backend's runtime when a target names none
 
     @property
@@ -179,6 +181,13 @@ TORCHSCRIPT = ("script", "optimize")
 ET_INT8_FIXED = "ExecuTorch's int8 export recipe captures the model at the example's sizes"
 EXECUTORCH = ("executorch", "torchao", "coremltools")
 ONNX = ("onnx", "onnxscript", "onnxruntime")
+# Activation observers (quantize.observer), each route's default first: torch.ao's (eager and FX graph mode) and
+# torchao's (PT2E) HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver; onnxruntime's CalibrationMethod
+# MinMax (moving_average: with CalibMovingAverage) and Percentile. Not its Entropy: quantize_static gives it 128
+# histogram bins for 128 quantized bins, which leaves one candidate range, MinMax's (identical scales, measured);
+# nor Distribution, which it computes for float8 types (0.6 dB where MinMax gave 4.7 on an int8 model)
+TORCH_OBSERVERS = ("histogram", "minmax", "moving_average")
+ORT_OBSERVERS = ("minmax", "moving_average", "percentile")
 
 for _route in (
     Route("xnnpack", "pytorch-mobile", ("fp32",), TORCHSCRIPT, ".ptl",
@@ -187,7 +196,7 @@ for _route in (
     Route("qnnpack", "pytorch-mobile", ("int8",), TORCHSCRIPT, ".ptl",
           "int8 CPU through QNNPACK, eager post-training quantization, TorchScript lite interpreter",
           quantizer="eager", engine="qnnpack", loader="pytorch-mobile", default=True,
-          preflight=f"{CHECKS}.pytorch_mobile"),
+          preflight=f"{CHECKS}.pytorch_mobile", observers=TORCH_OBSERVERS),
     Route("vulkan", "pytorch-mobile", ("fp32",), TORCHSCRIPT, ".ptl",
           "GPU through Vulkan, optimize_for_mobile(backend='vulkan'); needs a torch built with USE_VULKAN=1 "
           "(a `toolchain:` interpreter)", loader="pytorch-mobile", device_only="an Android GPU with Vulkan",
@@ -200,12 +209,13 @@ for _route in (
           "Android NNAPI (accelerators) through torch.backends._nnapi, traced NHWC, lite interpreter",
           quantizer="eager", engine="qnnpack", loader="nnapi", device_only="an Android 8.1+ device with NNAPI",
           settings="nnapi", precision_of=nnapi_precision, default=True, preflight=f"{CHECKS}.nnapi",
-          structure=nnapi_structure, fixed_shapes="the NNAPI converter takes the example's sizes"),
+          structure=nnapi_structure, fixed_shapes="the NNAPI converter takes the example's sizes",
+          observers=TORCH_OBSERVERS),
     Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
           "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)",
           quantizer="final", delegate="xnnpack", loader="executorch", settings="executorch",
           preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH,
-          int8_fixed_shapes=ET_INT8_FIXED),
+          int8_fixed_shapes=ET_INT8_FIXED, observers=TORCH_OBSERVERS),
     Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte",
           "GPU through ExecuTorch's Vulkan delegate", delegate="vulkan", loader="executorch",
           device_only="a device with a Vulkan GPU and ExecuTorch's Vulkan runtime", settings="executorch",
@@ -217,6 +227,6 @@ for _route in (
     Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
           "ONNX, run by ONNX Runtime (int8: static QDQ quantization with onnxruntime's tools)",
           quantizer="final", loader="onnxruntime", settings="onnx", default=True, preflight=f"{CHECKS}.onnx",
-          structure=onnx_structure, distributions=ONNX),
+          structure=onnx_structure, distributions=ONNX, observers=ORT_OBSERVERS),
 ):
     register(_route)

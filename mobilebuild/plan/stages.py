@@ -9,7 +9,7 @@ worker side (`run(inputs, config, output)`, `config` an instance of the stage's 
 import dataclasses
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mobilebuild.plan import routes
 from mobilebuild.plan.registry import Registry
@@ -21,6 +21,12 @@ CHAINS = "mobilebuild.plan.chain"  # the built-in stages' planners
 
 
 # --- the settings each stage reads -------------------------------------------------------------------------------
+
+def when_set(default=None):
+    """A setting added after nodes were keyed: left out of the key while it has its default, so recipes that do not
+    use it keep their nodes' keys (and their cache entries)."""
+    return field(default=default, metadata={"keyed_when_set": True})
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -60,6 +66,8 @@ class QuantizeConfig:
     model: dict
     fuse: object  # the fused model is rebuilt from the source and fusion: it is stored as weights only
     calibration: dict | None = None  # static only
+    exclude: list | None = when_set()  # quantize.exclude: module paths and classes kept in float
+    observer: str | None = when_set()  # quantize.observer: the activation observer; None: the engine's default
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,8 @@ class LowerConfig:
     fuse: object
     calibration: dict | None = None  # int8
     weights: str | None = None
+    exclude: list | None = when_set()  # int8: quantize.exclude
+    observer: str | None = when_set()  # int8: quantize.observer
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,8 @@ class ExportConfig:
     calibration: dict | None = None  # int8
     weights: str | None = None
     outputs: list | None = None  # the ONNX output names
+    exclude: list | None = when_set()  # int8: quantize.exclude
+    observer: str | None = when_set()  # int8: quantize.observer (onnxruntime's calibration method)
 
 
 @dataclass(frozen=True)
@@ -173,8 +185,13 @@ class PlotConfig:
 
 
 def as_json(settings):
-    """A stage's settings as the JSON-able dict that keys its node and travels to the worker."""
-    return dataclasses.asdict(settings)
+    """A stage's settings as the JSON-able dict that keys its node and travels to the worker (which gives the
+    settings left out their defaults)."""
+    found = dataclasses.asdict(settings)
+    for setting in dataclasses.fields(settings):
+        if setting.metadata.get("keyed_when_set") and found[setting.name] == setting.default:
+            del found[setting.name]
+    return found
 
 
 def type_path(cls):

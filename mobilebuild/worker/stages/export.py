@@ -18,9 +18,12 @@ Options (config.options): "opset": the ai.onnx opset to target, None for the exp
 2.12). Opsets below 18 are refused: this exporter writes 18 and up, and silently keeps 18 when conversion down fails.
 
 int8: activations uint8, weights int8 (the pairing ONNX Runtime's CPU kernels are fastest with on x86, and fine on
-ARM), MinMax calibration, weights per channel unless the recipe says per_tensor. ONNX Runtime's pre-processing runs
-with shape inference only: its graph optimization step saved nothing on the models tried (the fuse stage and the
-exporter already fold batch norm) and declared eight ONNX Runtime-internal opset domains in the model.
+ARM), MinMax calibration unless quantize.observer names another of ONNX Runtime's calibration methods, weights per
+channel unless the recipe says per_tensor. quantize.exclude keeps the nodes the exporter made for the excluded
+modules float (quantize_static's nodes_to_exclude), found by the module paths it records on each node. ONNX
+Runtime's pre-processing runs with shape inference only: its graph optimization step saved nothing on the models
+tried (the fuse stage and the exporter already fold batch norm) and declared eight ONNX Runtime-internal opset
+domains in the model.
 """
 
 import logging
@@ -34,7 +37,7 @@ import torch
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import outputs, progress
 from mobilebuild.worker.quiet import quiet
-from mobilebuild.worker.stages import calibration, fuse, lower, modeling
+from mobilebuild.worker.stages import calibration, exclusion, fuse, lower, modeling
 
 MIN_OPSET = 18  # the exporter's own floor (torch.onnx's TORCHLIB_OPSET)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -172,22 +175,35 @@ class _CalibrationReader:
         return {spec["name"]: t.detach().contiguous().numpy() for spec, t in zip(self.specs, tensors)}
 
 
-def quantize_int8(proto, settings, specs, weights=None):
+def calibration_options(observer):
+    """quantize_static's arguments for quantize.observer (plan.routes.ORT_OBSERVERS); none for its default."""
+    from onnxruntime.quantization import CalibrationMethod
+
+    if observer is None:
+        return {}
+    if observer == "moving_average":
+        return {"calibrate_method": CalibrationMethod.MinMax, "extra_options": {"CalibMovingAverage": True}}
+    methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
+    return {"calibrate_method": methods[observer]}
+
+
+def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=None):
     """Static QDQ quantization of the float ONNX model, calibrated on the recipe's batches (`settings`: its
-    quantize.calibration)."""
+    quantize.calibration), with the nodes of the modules at `exclude` (exclusion.resolve's paths) kept float."""
     from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
 
     if not settings:
         raise MobileBuildError("int8 ONNX export needs calibration batches", field="quantize.calibration")
     field = calibration.field(settings)
     reader = _CalibrationReader(calibration.batches(settings, specs), specs, field)
+    kept = {"nodes_to_exclude": exclusion.onnx_nodes(proto, exclude)} if exclude else {}
     with tempfile.TemporaryDirectory(prefix="mobilebuild-onnx-") as folder:
         prepared, quantized = Path(folder) / "prepared.onnx", Path(folder) / "quantized.onnx"
         quant_pre_process(proto, prepared, skip_optimization=True, skip_symbolic_shape=True)
         try:
             quantize_static(prepared, quantized, reader, quant_format=QuantFormat.QDQ,
                             per_channel=weights != "per_tensor", activation_type=QuantType.QUInt8,
-                            weight_type=QuantType.QInt8)
+                            weight_type=QuantType.QInt8, **kept, **calibration_options(observer))
         except ValueError:
             if not reader.seen:  # ONNX Runtime's "No data is collected."
                 raise MobileBuildError("calibration produced no batches", field=field) from None
@@ -197,11 +213,12 @@ def quantize_int8(proto, settings, specs, weights=None):
 
 def run(inputs, config, output):
     model = fuse.load(inputs["model"], config)
+    exclude = exclusion.resolve(model, config.exclude) if config.precision == "int8" else ()
     progress.note("torch.onnx.export")
     proto = export_float(model, config.inputs, (config.options or {}).get("opset"), config.outputs)
     if config.precision == "int8":
         progress.note("quantizing with ONNX Runtime's quantize_static")
-        proto = quantize_int8(proto, config.calibration, config.inputs, config.weights)
+        proto = quantize_int8(proto, config.calibration, config.inputs, config.weights, exclude, config.observer)
     data = reproducible(proto).SerializeToString()
     with open(output, "wb") as handle:
         handle.write(data)

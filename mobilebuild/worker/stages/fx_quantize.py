@@ -20,17 +20,23 @@ def _backend_config(engine):
     return get_qnnpack_backend_config() if engine == "qnnpack" else get_native_backend_config()
 
 
-def _mapping(engine, qconfig):
-    """The engine's default mapping (fixed ranges for sigmoid-like ops included), with the recipe's weights."""
+def _mapping(engine, qconfig, exclude=()):
+    """The engine's default mapping (fixed ranges for sigmoid-like ops included), with the recipe's weights and
+    observer, and the modules at `exclude` (exclusion.resolve's paths, and what they hold) left float."""
     mapping = get_default_qconfig_mapping(engine)
-    return mapping if qconfig is None else mapping.set_global(qconfig)
+    if qconfig is not None:
+        mapping.set_global(qconfig)
+    for path in exclude:
+        mapping.set_module_name(path, None)
+    return mapping
 
 
-def prepared(model, engine, specs, qconfig=None):
+def prepared(model, engine, specs, qconfig=None, exclude=()):
     """The model traced by FX with observers in place, ready to calibrate."""
     example = modeling.example_inputs(specs)
     try:
-        observed = prepare_fx(model.eval(), _mapping(engine, qconfig), example, backend_config=_backend_config(engine))
+        observed = prepare_fx(model.eval(), _mapping(engine, qconfig, exclude), example,
+                              backend_config=_backend_config(engine))
     except Exception as exc:  # symbolic tracing raises many types on data-dependent Python
         raise MobileBuildError(f"FX graph mode cannot trace the model for quantization ({modeling.first_line(exc)}); "
                                "make forward free of Python control flow on tensor values, or use quantize.mode: "
@@ -79,18 +85,18 @@ class _IntegerObserved(Exception):
     pass
 
 
-def static(model, engine, batches, specs, qconfig=None, field="quantize.calibration"):
+def static(model, engine, batches, specs, qconfig=None, field="quantize.calibration", exclude=()):
     """Calibrate on `batches` and convert."""
-    observed = prepared(model, engine, specs, qconfig)
+    observed = prepared(model, engine, specs, qconfig, exclude)
     calibration.calibrate(observed, batches, field)
     return convert_fx(observed, backend_config=_backend_config(engine))
 
 
-def rebuild(model, engine, specs, qconfig=None):
+def rebuild(model, engine, specs, qconfig=None, exclude=()):
     """The converted structure without calibration, for a stored state_dict to be loaded into."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # converting uncalibrated observers warns
-        return convert_fx(prepared(model, engine, specs, qconfig), backend_config=_backend_config(engine))
+        return convert_fx(prepared(model, engine, specs, qconfig, exclude), backend_config=_backend_config(engine))
 
 
 def kept_float(converted):

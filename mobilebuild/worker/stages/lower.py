@@ -7,12 +7,15 @@ serialization. XNNPACK and Core ML take their recipes from ExecuTorch's registry
 PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights, or PER_TENSOR when the recipe's
 quantize.weights says per_tensor; CoreMLRecipeType.FP16/FP32 and PT2E_INT8_STATIC); Vulkan and MPS have no recipe
 provider in ExecuTorch 1.3.1, so their recipe is the partitioner alone. int8 is calibrated on the recipe's
-calibration batches (`config.calibration`), which are also the export's example inputs. The recipe's dynamic dims
-become torch.export `Dim`s (shared by name between inputs, with their min and max), so the program takes any size
-in range. Programs are exported for NCHW input whatever input.memory_format says (that setting is PyTorch Mobile's
-advice): the delegates choose their own layout inside, while an NHWC export leaves a layout copy outside the
-delegate (MobileNetV2: aten::as_strided_copy on the portable kernels, and two XNNPACK calls instead of one) and Core
-ML refuses it.
+calibration batches (`config.calibration`), which are also the export's example inputs. quantize.observer and
+quantize.exclude adjust the XNNPACK recipe's own quantizer: the activation observer of its symmetric config
+(HistogramObserver by default; MinMaxObserver, MovingAverageMinMaxObserver), and a filter that leaves the excluded
+modules' nodes unannotated, so they stay float (the recipe's partitioner delegates them to XNNPACK in float:
+measured, nothing left on the portable kernels). The recipe's dynamic dims become torch.export `Dim`s (shared by
+name between inputs, with their min and max), so the program takes any size in range. Programs are exported for NCHW
+input whatever input.memory_format says (that setting is PyTorch Mobile's advice): the delegates choose their own
+layout inside, while an NHWC export leaves a layout copy outside the delegate (MobileNetV2: aten::as_strided_copy on
+the portable kernels, and two XNNPACK calls instead of one) and Core ML refuses it.
 
 Delegate options (`config.options`, all optional):
   coreml:  compute_units     "all" (default) | "cpu_and_gpu" | "cpu_and_ne" | "cpu_only"
@@ -35,7 +38,7 @@ from mobilebuild.worker.coreml import reproducible_coreml
 from mobilebuild.worker.executorch_setup import ensure_flatc
 from mobilebuild.worker.quiet import quiet
 from mobilebuild.worker.runtimes import executorch as et_runtime
-from mobilebuild.worker.stages import calibration, fuse, modeling
+from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
 
 DELEGATES = ("xnnpack", "vulkan", "coreml", "mps")
 PRECISIONS = ("fp32", "int8")
@@ -76,9 +79,10 @@ def check_options(delegate, precision, options, weights=None):
                                field="targets")
 
 
-def export_recipe(delegate, precision, options, weights=None):
+def export_recipe(delegate, precision, options, weights=None, exclude=(), observer=None):
     """ExecuTorch's ExportRecipe for the delegate: the registry's where ExecuTorch has one. `weights`: the recipe's
-    quantize.weights ("per_tensor" picks XNNPACK's per-tensor recipe; per-channel otherwise)."""
+    quantize.weights ("per_tensor" picks XNNPACK's per-tensor recipe; per-channel otherwise); `exclude` (module
+    paths kept float) and `observer` (quantize.observer) adjust XNNPACK's int8 recipe."""
     from executorch.export import ExportRecipe, LoweringRecipe
 
     options = options or {}
@@ -91,7 +95,10 @@ def export_recipe(delegate, precision, options, weights=None):
             kind = XNNPackRecipeType.PT2E_INT8_STATIC_PER_TENSOR
         else:
             kind = XNNPackRecipeType.PT2E_INT8_STATIC_PER_CHANNEL
-        return ExportRecipe.get_recipe(kind)
+        recipe = ExportRecipe.get_recipe(kind)
+        if precision == "int8" and (exclude or observer):
+            _adjust_xnnpack_int8(recipe, weights, exclude, observer)
+        return recipe
     if delegate == "coreml":
         import coremltools as ct
         from executorch.backends.apple.coreml.recipes import CoreMLRecipeType
@@ -115,6 +122,30 @@ def export_recipe(delegate, precision, options, weights=None):
         fp16 = options.get("compute_precision", "fp16") == "fp16"
         partitioner = MPSPartitioner([CompileSpec("use_fp16", bytes([fp16]))])
     return ExportRecipe(name=f"{delegate}_{precision}", lowering_recipe=LoweringRecipe(partitioners=[partitioner]))
+
+
+PT2E_OBSERVERS = ("histogram", "minmax", "moving_average")  # plan.routes.TORCH_OBSERVERS, from torchao's pt2e
+
+
+def _adjust_xnnpack_int8(recipe, weights, exclude, observer):
+    """XNNPACK's int8 export recipe with its quantizer's activation observer replaced and the modules at `exclude`
+    left unannotated (float)."""
+    import dataclasses
+
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
+    from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver
+    from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
+
+    (quantizer,) = recipe.quantization_recipe.quantizers
+    if observer is not None:
+        kind = dict(zip(PT2E_OBSERVERS, (HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver)))[observer]
+        config = get_symmetric_quantization_config(is_per_channel=weights != "per_tensor")
+        activation = dataclasses.replace(config.input_activation,
+                                         observer_or_fake_quant_ctr=kind.with_args(eps=2**-12))  # as the default's
+        quantizer.set_global(dataclasses.replace(config, input_activation=activation, output_activation=activation))
+    if exclude:
+        inside = [get_module_name_filter(path) for path in exclude]
+        quantizer.set_filter_function(lambda node: not any(found(node) for found in inside))
 
 
 # --- calibration ---------------------------------------------------------------------------------------------
@@ -214,10 +245,12 @@ def failure_message(stage_type, delegate, exc):
     return f"ExecuTorch could not build the program: {type(exc).__name__}: {detail}"
 
 
-def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, samples=None, weights=None):
+def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, samples=None, weights=None, exclude=(),
+                   observer=None):
     """The .pte bytes of `model` lowered for `delegate`. `samples`: example inputs as tuples, the first one
-    exported, all of them calibrating int8 (default: the inputs' example). Raises MobileBuildError for settings and
-    models that cannot be lowered, ImportError when the delegate's own dependency is missing."""
+    exported, all of them calibrating int8 (default: the inputs' example); `exclude`: the paths of modules int8
+    keeps float (exclusion.resolve); `observer`: quantize.observer. Raises MobileBuildError for settings and models
+    that cannot be lowered, ImportError when the delegate's own dependency is missing."""
     check_options(delegate, precision, options, weights)
     ensure_flatc()
     samples = samples or [in_layout(modeling.example_inputs(specs))]
@@ -229,7 +262,8 @@ def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, sampl
 
         torch.manual_seed(0)
         session = ExportSession(model=model.eval(), example_inputs=samples,
-                                export_recipe=export_recipe(delegate, precision, options, weights),
+                                export_recipe=export_recipe(delegate, precision, options, weights, exclude,
+                                                            observer),
                                 **({"dynamic_shapes": {"forward": shapes}} if shapes else {}))
         _announce_stages(session, delegate, precision, len(samples))
         try:
@@ -292,14 +326,16 @@ def undelegated_message(summary, delegate):
 
 def run(inputs, config, output):
     delegate, precision = config.delegate, config.precision
-    samples = None
+    model = fuse.load(inputs["model"], config)
+    samples, exclude = None, ()
     if precision == "int8":
         if not config.calibration:
             raise MobileBuildError("int8 lowering needs calibration batches", field="quantize.calibration")
+        exclude = exclusion.resolve(model, config.exclude)
         samples = calibration_samples(config.calibration, config.inputs)
     try:
-        data = lower_to_bytes(fuse.load(inputs["model"], config), config.inputs, delegate, precision,
-                              config.options, samples, config.weights)
+        data = lower_to_bytes(model, config.inputs, delegate, precision, config.options, samples, config.weights,
+                              exclude, config.observer)
     except ImportError as exc:  # a delegate's own dependency (coremltools) missing or broken
         raise MobileBuildError(f"ExecuTorch's {BACKEND_NAMES[delegate]} delegate cannot be loaded: "
                                f"{modeling.first_line(exc)}", field="targets") from None

@@ -14,12 +14,15 @@ from torch.overrides import TorchFunctionMode
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import quiet
-from mobilebuild.worker.stages import calibration, fuse, fx_quantize, modeling
+from mobilebuild.worker.stages import calibration, exclusion, fuse, fx_quantize, modeling
 
 GRAPH_MODE = "graph_mode"  # marks a stored state_dict of an FX graph-mode model
 ENGINE_ERRORS = (b"Error in QNNPACK",)  # where an engine says why it refuses an operator
 # Linear-ReLU too: the fuse stage has usually fused them, and a fused one is no longer an nn.Linear.
 DYNAMIC_TYPES = (nn.Linear, nni.LinearReLU, nn.LSTM, nn.GRU, nn.LSTMCell, nn.GRUCell, nn.RNNCell)
+# quantize.observer: the activation observer, for eager and FX graph mode alike (plan.routes.TORCH_OBSERVERS)
+OBSERVERS = {"histogram": tq.HistogramObserver, "minmax": tq.MinMaxObserver,
+             "moving_average": tq.MovingAverageMinMaxObserver}
 
 
 def use_engine(engine):
@@ -29,17 +32,21 @@ def use_engine(engine):
     torch.backends.quantized.engine = engine
 
 
-def qconfig_for(engine, weights=None, qat=False):
-    """The engine's default (QAT) qconfig, with per-channel or per-tensor weights when the recipe asks."""
+def qconfig_for(engine, weights=None, qat=False, observer=None):
+    """The engine's default (QAT) qconfig, with per-channel or per-tensor weights and the activation observer
+    (quantize.observer) when the recipe asks."""
     base = tq.get_default_qat_qconfig(engine) if qat else tq.get_default_qconfig(engine)
-    if weights is None:
+    if weights is None and observer is None:
         return base
+    weight, activation = base.weight, base.activation
     per_channel = weights == "per_channel"
-    if qat:
+    if weights is not None and qat:
         weight = tq.default_per_channel_weight_fake_quant if per_channel else tq.default_weight_fake_quant
-    else:
+    elif weights is not None:
         weight = tq.default_per_channel_weight_observer if per_channel else tq.default_weight_observer
-    return tq.QConfig(activation=base.activation, weight=weight)
+    if observer is not None:  # as the engines' defaults do: the full range on qnnpack, 7 bits on x86 and fbgemm
+        activation = OBSERVERS[observer].with_args(reduce_range=engine in ("x86", "fbgemm"))
+    return tq.QConfig(activation=activation, weight=weight)
 
 
 class DequantizedOutputs(tq.QuantWrapper):
@@ -90,10 +97,12 @@ def _with_stubs(model, specs=None):
     return tq.QuantWrapper(model)
 
 
-def prepared(model, engine, qconfig, specs=None):
-    """The model with stubs, `qconfig` and observers: ready to calibrate."""
+def prepared(model, engine, qconfig, specs=None, exclude=()):
+    """The model with stubs, `qconfig` and observers: ready to calibrate. The modules at `exclude`
+    (exclusion.resolve's paths) stay float, each between stubs of its own."""
     use_engine(engine)
     model = _with_stubs(model.eval(), specs).eval()
+    exclusion.islands(model.module if isinstance(model, tq.QuantWrapper) else model, exclude)
     model.qconfig = qconfig
     return tq.prepare(model, inplace=True)
 
@@ -109,24 +118,26 @@ def prepare_qat_model(model, engine, fuse_setting="auto", weights=None):
     return tq.prepare_qat(fused, inplace=True)
 
 
-def static(model, engine, batches, weights=None, field="quantize.calibration", specs=None):
+def static(model, engine, batches, weights=None, field="quantize.calibration", specs=None, exclude=(),
+           observer=None):
     """Calibrate on `batches` and convert; `field` is the recipe setting the batches come from, `specs` the inputs
-    whose example shows the model's output structure."""
-    model = prepared(model, engine, qconfig_for(engine, weights), specs)
+    whose example shows the model's output structure, `exclude` the paths of the modules kept float."""
+    model = prepared(model, engine, qconfig_for(engine, weights, observer=observer), specs, exclude)
     calibration.calibrate(model, batches, field)
     return tq.convert(model, inplace=True)
 
 
-def static_any(model, engine, make_batches, weights, field, specs, source_field="model"):
+def static_any(model, engine, make_batches, weights, field, specs, source_field="model", exclude=(), observer=None):
     """(quantized model, note): eager mode, as the performance recipe does, or where eager mode cannot quantize a
     model not written for it (`x + y`, SiLU, layer norm on quantized tensors: an operation without a quantized
     kernel; several inputs, or integer ones), FX graph mode; the note says so, and which operations stay float.
-    `make_batches()` gives the calibration batches afresh: eager mode may have used them up."""
+    `make_batches()` gives the calibration batches afresh: eager mode may have used them up. `exclude`: the paths
+    of the modules kept float (exclusion.resolve), `observer`: quantize.observer."""
     use_engine(engine)  # FX graph mode converts and checks on the engine too
     written_for_eager = has_own_stubs(model)
     if written_for_eager or eager_stubs_fit(specs):
         eager = static(model if written_for_eager else copy.deepcopy(model), engine, make_batches(), weights, field,
-                       specs)
+                       specs, exclude, observer)
         try:
             check_runs(eager, specs, engine, field=source_field)
             return eager, None
@@ -137,7 +148,8 @@ def static_any(model, engine, make_batches, weights, field, specs, source_field=
             reason = f"fails on the {reason}"
     else:
         reason = f"its stubs take one float input, and the model takes {modeling.describe_inputs(specs)}"
-    quantized = fx_quantize.static(model, engine, make_batches(), specs, qconfig_for(engine, weights), field)
+    qconfig = qconfig_for(engine, weights, observer=observer)
+    quantized = fx_quantize.static(model, engine, make_batches(), specs, qconfig, field, exclude)
     check_runs(quantized, specs, engine, field=source_field)
     kept = fx_quantize.kept_float(quantized)
     floats = ", ".join(f"{name} x{count}" for name, count in sorted(kept.items())) or "none"
@@ -145,11 +157,13 @@ def static_any(model, engine, make_batches, weights, field, specs, source_field=
                       f"operations kept float: {floats}"
 
 
-def dynamic(model, engine, weights=None):
-    """Weights of Linear and recurrent layers to int8, activations quantized on the fly: no calibration."""
+def dynamic(model, engine, weights=None, exclude=()):
+    """Weights of Linear and recurrent layers to int8, activations quantized on the fly: no calibration. The modules
+    at `exclude` (and all they hold) keep float weights."""
     use_engine(engine)
     qconfig = tq.per_channel_dynamic_qconfig if weights == "per_channel" else tq.default_dynamic_qconfig
-    return tq.quantize_dynamic(model.eval(), {kind: qconfig for kind in DYNAMIC_TYPES}, inplace=True)
+    spec = {kind: qconfig for kind in DYNAMIC_TYPES} | {path: None for path in exclude}  # a name overrides a type
+    return tq.quantize_dynamic(model.eval(), spec, inplace=True)
 
 
 def from_qat(source, trained_path, engine, fuse_setting, weights=None):
@@ -164,11 +178,12 @@ def load_quantized(inputs, config):
     files are read weights-only."""
     engine, quantization, specs = config.engine, config.quantization, config.inputs
     fused = fuse.load(inputs["model"], config)
-    if quantization["mode"] == "dynamic":
-        return dynamic(fused, engine, quantization["weights"]).eval()  # from the weights alone: recomputed exactly
+    exclude = exclusion.resolve(fused, quantization.get("exclude"))
+    if quantization["mode"] == "dynamic":  # from the weights alone: recomputed exactly
+        return dynamic(fused, engine, quantization["weights"], exclude).eval()
     saved = modeling.load_weights_only(inputs["quantized"], field=None)
     if isinstance(saved, dict) and saved.get(GRAPH_MODE) == "fx":
-        model = fx_quantize.rebuild(fused, engine, specs, qconfig_for(engine, quantization["weights"]))
+        model = fx_quantize.rebuild(fused, engine, specs, qconfig_for(engine, quantization["weights"]), exclude)
         model.load_state_dict(saved["state_dict"])
         return model.eval()
     # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
@@ -178,7 +193,7 @@ def load_quantized(inputs, config):
                           weight=qconfig_for(engine, quantization["weights"]).weight)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # converting uncalibrated observers warns
-        model = tq.convert(prepared(fused, engine, skeleton, specs), inplace=True)
+        model = tq.convert(prepared(fused, engine, skeleton, specs, exclude), inplace=True)
     model.load_state_dict(saved)
     return model.eval()
 
@@ -258,12 +273,15 @@ def run(inputs, config, output):
     engine, weights = config.engine, config.weights
     source_field = "model.factory" if "factory" in config.model else "model.torchvision"
     note = None
+    if config.mode != "qat":
+        fused = fuse.load(inputs["model"], config)
+        exclude = exclusion.resolve(fused, config.exclude)  # before calibrating: a wrong name fails at once
     if config.mode == "static":
-        quantized, note = static_any(fuse.load(inputs["model"], config), engine,
-                                     lambda: calibration.batches(config.calibration, config.inputs), weights,
-                                     calibration.field(config.calibration), config.inputs, source_field)
+        quantized, note = static_any(fused, engine, lambda: calibration.batches(config.calibration, config.inputs),
+                                     weights, calibration.field(config.calibration), config.inputs, source_field,
+                                     exclude, config.observer)
     elif config.mode == "dynamic":
-        quantized = dynamic(fuse.load(inputs["model"], config), engine, weights)
+        quantized = dynamic(fused, engine, weights, exclude)
     else:
         quantized = from_qat(config.model, inputs["trained"], engine, config.fuse, weights)
     if config.mode != "static":  # static_any has run it
