@@ -80,3 +80,29 @@ def branchy_sequential():
 
 def self_fusing():
     return randomize_batchnorm(SelfFusing())
+
+
+class BrokenConv(nn.Module):
+    """Three convolutions, the middle one broken for int8: its weights from an input channel that is always zero
+    (the first convolution's channel 7, a ReLU of -1) are 100, where the others are about 0.1. In float they add
+    nothing; in int8 they set the weights' scale (per tensor or per output channel alike), and the convolution's
+    real weights round to zero. The layers after it are sound."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                                      nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.pool(self.features(x)), 1))
+
+
+def broken_conv():
+    model = BrokenConv()
+    with torch.no_grad():
+        model.features[0].weight[7] = 0.0
+        model.features[0].bias[7] = -1.0
+        model.features[2].weight[:, 7] = 100.0
+    return model.eval()

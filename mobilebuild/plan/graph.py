@@ -96,6 +96,9 @@ def recipe_nodes(recipe, root):
             "bench", f"{recipe.name}-{target.id}",
             stages.BenchConfig(**runtime, timing=timing, device=_device_settings(recipe.benchmark["device"], route)),
             {"artifact": final}, f"{out}/bench-{target.id}.json", fields=chain.fields))
+        layers = _layers(chain, verification, verification_files)
+        if layers is not None:
+            results.append(layers)
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
                         "device_only": route.device_only, "delegate": final.config.get("delegate"),
@@ -112,7 +115,8 @@ def recipe_nodes(recipe, root):
             artifacts=[{"stage": n.stage, "path": n.output, **n.describes} for n in artifacts],
             targets=targets, checkpoint=checkpoint.output, inputs=recipe.inputs, outputs=recipe.outputs,
             verification={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "verify"},
-            benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "bench"}),
+            benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "bench"},
+            layers={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "layers"} or None),
         inputs={n.task_name: n.output for n in artifacts + results}, output=f"{out}/manifest.json", **common)
     plot = Node("plot", recipe.name, settings=stages.PlotConfig(recipe=recipe.name),
                 inputs={"manifest": manifest.output}, output=f"{ARTIFACTS_DIR}/plots/{recipe.name}.png", **common)
@@ -154,6 +158,38 @@ def _verification(chain, root):
     if evaluation == "calibration-holdout" and settings["calibration"]:
         files += chain.calibration_files(quantize)
     return settings, files
+
+
+def _layers(chain, verification, files):
+    """The per-layer comparison of an int8 artifact the host runs (verify.layers), or None: what it reads is what
+    the target's verification reads, with the quantized model (eager), the lower stage's quantization settings
+    (ExecuTorch, which it runs again) or the shipped artifact (ONNX)."""
+    recipe, route, target = chain.recipe, chain.route, chain.target
+    if chain.precision != "int8" or not route.runs_on_host or not recipe.verify.get("layers", True):
+        return None
+    final = chain.nodes[route.final_stage]
+    inputs = {"model": chain.nodes["fuse"], "artifact": final}
+    common = {"precision": chain.precision, "inputs": recipe.inputs, "model": chain.source, "fuse": recipe.fuse,
+              "samples": verification["samples"], "seed": verification["seed"],
+              "top": recipe.verify.get("layers_top", 5), "evaluation": verification.get("evaluation"),
+              "calibration": verification["calibration"]}
+    if route.quantizer == "eager" and "quantize" in chain.nodes:
+        settings = stages.LayersConfig(route="eager", engine=route.engine, quantization=chain.quantization, **common)
+        inputs["quantized"] = chain.nodes["quantize"]
+    elif route.final_stage == "lower" and final.settings.delegate == "xnnpack":
+        lowering = final.settings
+        settings = stages.LayersConfig(route="pt2e", weights=lowering.weights, options=lowering.options,
+                                       exclude=getattr(lowering, "exclude", None),
+                                       observer=getattr(lowering, "observer", None),
+                                       **{**common, "calibration": lowering.calibration})
+        files = files + final.files  # calibration's files: it calibrates again
+    elif route.final_stage == "export":
+        settings = stages.LayersConfig(route="onnx", options=final.settings.options, outputs=recipe.outputs,
+                                       **common)
+    else:
+        return None
+    return chain.node("layers", f"{recipe.name}-{target.id}", settings, inputs, f"{chain.out}/layers-{target.id}.json",
+                      files=tuple(dict.fromkeys(files)), fields=chain.fields)
 
 
 def _device_settings(device_config, route):

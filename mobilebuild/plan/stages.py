@@ -153,6 +153,27 @@ class VerifyConfig:
 
 
 @dataclass(frozen=True)
+class LayersConfig:
+    route: str  # eager (the quantize stage's model, eager or FX graph mode) | pt2e (ExecuTorch) | onnx
+    precision: str
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
+    model: dict  # the model source and fusion the fused (float) model is rebuilt from
+    fuse: object
+    samples: int  # verification's data: verify.samples, verify.seed, verify.evaluation
+    seed: int
+    top: int  # verify.layers_top: how many layers the result lists, worst first
+    evaluation: dict | str | None = None
+    calibration: dict | None = None  # pt2e: the lower stage's calibration, run again; holdout data
+    engine: str | None = None  # eager: the quantized engine
+    quantization: dict | None = None  # eager: how to rebuild the quantized model (as ScriptConfig's)
+    weights: str | None = None  # pt2e: quantize.weights
+    options: dict | None = None  # pt2e: the delegate's options; onnx: opset
+    outputs: list | None = None  # onnx: the output names
+    exclude: list | None = None  # pt2e: quantize.exclude
+    observer: str | None = None  # pt2e: quantize.observer
+
+
+@dataclass(frozen=True)
 class BenchConfig:
     runtime: str
     runtime_module: str
@@ -177,6 +198,7 @@ class ManifestConfig:
     outputs: list | None  # the recipe's names for the output tensors
     verification: dict  # target -> its verify result
     benchmarks: dict  # target -> its bench result
+    layers: dict | None = None  # target -> its per-layer comparison (int8 artifacts the host runs)
 
 
 @dataclass(frozen=True)
@@ -296,6 +318,9 @@ for _stage in (
     Stage("bench", BenchConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint",)},
           "Time each artifact, and the eager fp32 baseline, in a process of its own; device runs where attached.",
           "#ead1dc", measures=True),
+    Stage("layers", LayersConfig, {"model": ("fuse",), "quantized": ("quantize",), "artifact": (SHIPPED,)},
+          "Per-layer error of each int8 artifact the host runs: its layers against the float model's, each fed "
+          "the float model's inputs, the worst first.", "#e4d7ee"),
     # The manifest reads results as they are now, which no key describes: it is always written afresh (and cheap).
     Stage("manifest", ManifestConfig, None, "artifacts/<recipe>/manifest.json: every file with its stage, target, "
           "sha256 and size.", "#eeeeee", in_process=True, cached=False),

@@ -56,6 +56,7 @@ def run(inputs, config, output):
     verification = {target: read_result(path, subjects[target]) for target, path in config.verification.items()}
     benchmarks = {target: read_result(path, subjects.get(target, config.checkpoint))
                   for target, path in config.benchmarks.items()}
+    layers = {target: read_result(path, subjects[target]) for target, path in (config.layers or {}).items()}
     document = {
         "recipe": config.recipe,
         "recipe_file": config.recipe_file,
@@ -68,6 +69,8 @@ def run(inputs, config, output):
         "verification": {k: v for k, v in verification.items() if v is not None},
         "benchmarks": {k: v for k, v in benchmarks.items() if v is not None},
     }
+    if config.layers:  # the per-layer comparisons of int8 artifacts (worker/stages/layers.py)
+        document["layers"] = {k: v for k, v in layers.items() if v is not None}
     with open(output, "w") as handle:
         json.dump(document, handle, indent=2, sort_keys=True)
         handle.write("\n")

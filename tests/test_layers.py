@@ -1,0 +1,90 @@
+"""Per-layer error of int8 artifacts (worker/stages/layers.py): on each route the deliberately broken convolution
+of tiny_models.BrokenConv is ranked first, not the layers after it."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from tiny_models import broken_conv, stored_fused
+
+from mobilebuild.plan import stages
+from mobilebuild.worker.stages import calibration, export, fuse, layers, modeling, quantize
+
+INPUTS = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
+CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
+BROKEN = "features.2"  # fused with its ReLU: features.2 is the ConvReLU2d
+
+
+def fused_model(tmp_path):
+    """The broken model fused as the fuse stage stores it, and the settings the later stages rebuild it from."""
+    fused, _ = fuse.fuse(broken_conv(), "auto")
+    return stored_fused(fused, tmp_path / "fused.pt", factory="tiny_models:broken_conv")
+
+
+def layers_config(route, source, **extra):
+    return stages.LayersConfig(route=route, precision="int8", inputs=INPUTS, samples=4, seed=0, top=5,
+                               evaluation=None, calibration=CALIBRATION, **source, **extra)
+
+
+def run_layers(tmp_path, config, inputs):
+    output = tmp_path / f"layers-{config.route}.json"
+    layers.run({"model": str(tmp_path / "fused.pt"), **inputs}, config, str(output))
+    assert "error" not in json.loads(output.read_text()), output.read_text()
+    return json.loads(output.read_text())
+
+
+def assert_broken_first(result, top=5):
+    ranked = result["layers"]
+    assert ranked[0]["name"].startswith(BROKEN), ranked
+    assert len(ranked) <= top
+    # the broken layer is far below every other one, the last layers included
+    assert ranked[0]["sqnr_db"] < 3 and ranked[1]["sqnr_db"] > ranked[0]["sqnr_db"] + 10, ranked
+    assert result["seconds"] >= 0 and result["samples"] == 4
+
+
+@pytest.mark.parametrize("graph_mode", [False, True])
+def test_eager_and_fx_quantization_rank_the_broken_convolution_first(tmp_path, graph_mode, capsys):
+    source = fused_model(tmp_path)
+    fused = fuse.load(str(tmp_path / "fused.pt"), SimpleNamespace(**source))
+    batches = lambda: calibration.batches(CALIBRATION, INPUTS)  # noqa: E731
+    if graph_mode:
+        from mobilebuild.worker.stages import fx_quantize
+
+        quantize.use_engine("qnnpack")
+        quantized = fx_quantize.static(fused, "qnnpack", batches(), INPUTS, quantize.qconfig_for("qnnpack"))
+        state = {quantize.GRAPH_MODE: "fx", "state_dict": quantized.state_dict()}
+    else:
+        quantized = quantize.static(fused, "qnnpack", batches(), specs=INPUTS)
+        state = quantized.state_dict()
+    modeling.save(state, tmp_path / "quantized.pt")
+    config = layers_config("eager", source, engine="qnnpack", quantization={"mode": "static", "weights": None})
+
+    result = run_layers(tmp_path, config, {"quantized": str(tmp_path / "quantized.pt")})
+
+    assert result["method"] == ("fx" if graph_mode else "eager")
+    assert_broken_first(result)
+    assert "worst layers: features.2 (" in capsys.readouterr().out
+
+
+def test_executorch_int8_ranks_the_broken_convolution_first(tmp_path):
+    source = fused_model(tmp_path)
+    config = layers_config("pt2e", source, options={})
+
+    result = run_layers(tmp_path, config, {})
+
+    assert result["method"] == "pt2e" and "event tracer" in result["method_detail"]
+    assert_broken_first(result)
+
+
+def test_onnx_int8_ranks_the_broken_convolution_first(tmp_path):
+    source = fused_model(tmp_path)
+    model = fuse.load(str(tmp_path / "fused.pt"), SimpleNamespace(**source))
+    proto = export.quantize_int8(export.export_float(model, INPUTS), CALIBRATION, INPUTS)
+    (tmp_path / "model.onnx").write_bytes(export.reproducible(proto).SerializeToString())
+    config = layers_config("onnx", source, options={})
+
+    result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "model.onnx")})
+
+    assert result["method"] == "onnx"
+    assert_broken_first(result)
+    assert result["layers"][0]["op"] == "Conv2d" and "weight_sqnr_db" in result["layers"][0]
