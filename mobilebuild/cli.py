@@ -20,8 +20,10 @@
                                          $MOBILEBUILD_CACHE_KEY signs entries, $MOBILEBUILD_CACHE_READ_ONLY=1)
     mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
     mobilebuild check RECIPE [--json] [--target ID]
-                                         before any build: what each target cannot take of the model, and the
-                                         architecture advice that applies (exit 0 fine, 1 blocked, 2 bad recipe)
+                                         pre-flight: each target built up to its artifact by the build's own tasks
+                                         (shared with the build), run once on this host, what blocks it, what runs
+                                         outside the delegate, and the architecture advice that applies (exit 0
+                                         fine, 1 blocked, 2 bad recipe)
     mobilebuild bench [--baseline FILE] [--save-baseline FILE] [--tolerance 0.10]
                                          benchmark every artifact; compare with, or save, a baseline of medians
     mobilebuild report                   rewrite artifacts/report.{md,html} from existing results
@@ -152,7 +154,7 @@ def main(argv=None):
         print(__doc__.strip())
         return 0
     if args[:1] == ["check"]:
-        from mobilebuild.preflight import check_command  # imports torch: only for this command
+        from mobilebuild.preflight import check_command  # imports torch (and doit): only for this command
 
         return check_command(args[1:])
     if args[:1] == ["validate"]:

@@ -1,14 +1,22 @@
-"""`mobilebuild check`: the compatibility pre-flight on tiny models, each asked of the real toolchains (the NNAPI
-converter, ExecuTorch's lowering, torch.onnx.export, quantized kernels) in memory."""
+"""`mobilebuild check`: the pre-flight that runs the build's own tasks up to each target's artifact, runs the artifact
+on the host, and adds the model's architecture advice. The advice alone is checked fast (the build's tasks replaced by
+a stand-in); what the build's tasks decide is checked end to end (slow), against real builds."""
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
 import torch
 import yaml
+from conftest import Project
+from doit.exceptions import TaskFailed, UnmetDependency
 
 from mobilebuild import preflight
+from mobilebuild.plan import graph, recipe, routes
+from mobilebuild.preflight import command, shipped, whole_recipe
+from mobilebuild.preflight.targets import TargetCheck
 
 # Factories for the recipes below; a module name of its own, as recipe factories are imported by name.
 MODELS = textwrap.dedent('''
@@ -49,6 +57,17 @@ MODELS = textwrap.dedent('''
 
         def forward(self, x):
             return torch.erfinv(torch.tanh(super().forward(x)) * 0.5)
+
+
+    class Pythonic(nn.Module):
+        """Python torch.jit.script cannot compile (a generator over *args); tracing and torch.export take it."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+
+        def forward(self, *inputs):
+            return sum(self.conv(x) for x in inputs)
 
 
     class Branchy(nn.Module):
@@ -114,6 +133,10 @@ MODELS = textwrap.dedent('''
         return Branchy()
 
 
+    def pythonic():
+        return Pythonic()
+
+
     def plain_add():
         return PlainAdd()
 ''')
@@ -124,17 +147,29 @@ NCHW = {"shape": [1, 3, 12, 12]}
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("preflight")
-    (folder / "preflight_models.py").write_text(MODELS)
-    (folder / "recipes").mkdir()
-    return folder
+    """A repository (dodo.py, recipes/) whose recipes the tests add; the build's tasks find them there."""
+    project = Project(tmp_path_factory.mktemp("preflight"))
+    (project.root / "preflight_models.py").write_text(MODELS)
+    return project.root
 
 
-def write_recipe(root, name, factory, targets, input_config=NHWC):
-    recipe = {"name": name, "model": {"factory": f"preflight_models:{factory}"}, "input": input_config,
-              "quantize": {"calibration": {"source": "random", "batches": 1, "seed": 0}}, "targets": targets}
+@pytest.fixture
+def advice_only(monkeypatch):
+    """The build's tasks replaced by a stand-in that makes nothing: what is left is the model's advice."""
+    def make(task_names, finished):
+        for name in task_names:
+            finished(name, shipped.Outcome("failed", name, "not made: the build's tasks are not run in this test"))
+        return 1
+
+    monkeypatch.setattr(whole_recipe, "make", make)
+
+
+def write_recipe(root, name, factory, targets, input_config=NHWC, **settings):
+    recipe_ = {"name": name, "model": {"factory": f"preflight_models:{factory}"}, "input": input_config,
+               "quantize": {"calibration": {"source": "random", "batches": 1, "seed": 0}},
+               "benchmark": {"warmup": 1, "iters": 2}, "targets": targets, **settings}
     path = root / "recipes" / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    path.write_text(yaml.safe_dump(recipe_, sort_keys=False))
     return path.relative_to(root)
 
 
@@ -142,115 +177,66 @@ def by_target(report, target):
     return next(result for result in report["targets"] if result["target"] == target)
 
 
-def kinds(findings):
-    return sorted(item["kind"] for item in findings)
+def of_kind(result, kind):
+    return [item for item in result["findings"] if item["kind"] == kind]
 
 
-def test_relu6_is_flagged_for_nnapi_and_fuses_on_xnnpack(root):
+def build(root, *tasks):
+    """A real build in a process of its own (`doit`), as after `mobilebuild check`: (exit status, stderr, the tasks
+    it executed)."""
+    done = subprocess.run([sys.executable, "-m", "doit", *tasks], cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    executed = [line[3:] for line in done.stdout.splitlines() if line.startswith(".  ") and ":" in line]
+    return done.returncode, done.stderr, executed
+
+
+# --- the model's advice (fast: the build's tasks stand aside) -------------------------------------------------
+
+
+def test_relu6_is_flagged_for_nnapi_and_fuses_on_xnnpack(root, advice_only):
     report = preflight.run(write_recipe(root, "relu6", "relu6", [{"backend": "nnapi"}, {"backend": "xnnpack"}]), root)
-    (advice,) = by_target(report, "nnapi")["findings"]
-    assert advice["kind"] == "advice" and advice["target"] == "nnapi"
-    assert advice["detail"].startswith("ReLU6 does not fuse") and advice["where"] == "features.0"
-    assert by_target(report, "xnnpack")["findings"] == []  # a clamp: optimize_for_mobile folds it
-    assert report["exit_code"] == 0 and report["blocking"] == 0
+    (advice,) = of_kind(by_target(report, "nnapi"), "advice")
+    assert advice["target"] == "nnapi" and advice["where"] == "features.0"
+    assert advice["detail"].startswith("ReLU6 does not fuse")
+    assert of_kind(by_target(report, "xnnpack"), "advice") == []  # a clamp: optimize_for_mobile folds it
 
 
-def test_in_place_relu6_has_no_nnapi_conversion(root):
-    report = preflight.run(write_recipe(root, "relu6_inplace", "relu6_inplace", [{"backend": "nnapi"}]), root)
-    blocking = [item for item in by_target(report, "nnapi")["findings"] if item["kind"] == "unsupported-op"]
-    assert len(blocking) == 1 and "aten::hardtanh_" in blocking[0]["detail"]
-    assert blocking[0]["where"] == "features.2, a ReLU6"
-    assert report["exit_code"] == 1
-
-
-def test_widths_not_a_multiple_of_8_are_listed_by_layer(root):
+def test_widths_not_a_multiple_of_8_are_listed_by_layer(root, advice_only):
     report = preflight.run(write_recipe(root, "narrow", "narrow", [{"backend": "xnnpack"}]), root)
     (width,) = report["model"]["findings"]  # the head's 5 outputs are the task's, not flagged
     assert width["target"] == preflight.ALL_TARGETS and width["kind"] == "advice"
     assert width["where"] == "features.0 (Conv2d)" and width["detail"].startswith("12 output channels")
-    assert report["exit_code"] == 0
 
 
-def test_executorch_xnnpack_delegation_and_its_fallback_ops(root):
-    targets = [{"backend": "xnnpack", "runtime": "executorch"}]
-    clean = preflight.run(write_recipe(root, "delegated", "clean", targets, NCHW), root)
-    result = by_target(clean, "xnnpack-executorch")
-    assert result["delegate"] == "xnnpack"
-    assert result["delegation"]["delegated_calls"] == 1 and result["delegation"]["fallback_calls"] == 0
-    assert result["findings"] == [] and clean["exit_code"] == 0
-
-    # outside the delegate is a warning: the program builds, loads and runs on the portable kernels
-    partly = preflight.run(write_recipe(root, "partly", "cumulative", targets, NCHW), root)
-    (fallback,) = by_target(partly, "xnnpack-executorch")["findings"]
-    assert fallback["kind"] == "fallback" and fallback["where"] == "aten::cumsum.out"
-    assert partly["exit_code"] == 0 and partly["blocking"] == 0
-
-    # an operator no kernel library has: the program cannot load, which blocks
-    missing = preflight.run(write_recipe(root, "missing", "inverse_error", targets, NCHW), root)
-    found = by_target(missing, "xnnpack-executorch")["findings"]
-    (kernel,) = [item for item in found if item["kind"] == "cannot-run"]
-    assert missing["exit_code"] == 1 and "aten::erfinv.out" not in [item["where"] for item in found]
-    assert kernel["detail"].startswith("the program cannot load: ExecuTorch's runtime has no kernel for "
-                                       "aten::erfinv.out")
-
-
-@pytest.mark.skipif(hasattr(torch.ops.vulkan_prepack, "create_conv2d_context"), reason="this torch exports Vulkan")
-def test_pytorch_mobile_vulkan_needs_a_vulkan_build(root, monkeypatch, capsys):
-    path = write_recipe(root, "gpu", "clean", [{"backend": "vulkan"}, {"backend": "vulkan", "runtime": "executorch",
-                                                                        "name": "et-vulkan"}], NCHW)
-    monkeypatch.chdir(root)
-    assert preflight.check_command([str(path), "--json", "--target", "vulkan"]) == 1
-    report = json.loads(capsys.readouterr().out)
-    assert [result["target"] for result in report["targets"]] == ["vulkan"]  # --target: the one asked for
-    (needs,) = report["targets"][0]["findings"]
-    assert needs["kind"] == "needs-build" and "USE_VULKAN=1" in needs["detail"]
-
-
-def test_a_clean_model_exits_0_with_a_table_per_target(root, monkeypatch, capsys):
-    path = write_recipe(root, "clean", "clean", [{"backend": "xnnpack"}, {"backend": "qnnpack"},
-                                                 {"backend": "nnapi"}, {"backend": "onnx"}])
-    monkeypatch.chdir(root)
-    assert preflight.check_command([str(path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    for target, route in (("xnnpack", "pytorch-mobile, fp32"), ("qnnpack", "pytorch-mobile, int8"),
-                          ("nnapi", "pytorch-mobile, fp32"), ("onnx", "onnxruntime, fp32")):
-        assert any(line.startswith(f"{target} (") and route in line and line.endswith(": ok") for line in lines)
-    assert lines[-1] == "0 blocking, 0 advice: no blocking findings (exit 0)"
-
-
-def test_advice_depends_on_what_the_target_fuses(root):
+def test_advice_depends_on_what_the_target_fuses(root, advice_only):
     targets = [{"backend": "xnnpack"}, {"backend": "onnx"}]
     report = preflight.run(write_recipe(root, "hardswish", "hardswish", targets, NCHW), root)
-    wheres = {item["where"]: item["detail"] for item in by_target(report, "xnnpack")["findings"]}
+    wheres = {item["where"]: item["detail"] for item in of_kind(by_target(report, "xnnpack"), "advice")}
     assert wheres["features.0"].startswith("Hardswish does not fuse")
     assert "channels_last" in wheres["input.memory_format"]  # NCHW input on XNNPACK through PyTorch Mobile
-    assert by_target(report, "onnx")["findings"] == []  # no claim about ONNX Runtime's fusions
-    assert report["exit_code"] == 0
+    assert of_kind(by_target(report, "onnx"), "advice") == []  # no claim about ONNX Runtime's fusions
 
 
-def test_a_model_that_converts_its_own_input_needs_no_channels_last_advice(root):
+def test_a_model_that_converts_its_own_input_needs_no_channels_last_advice(root, advice_only):
     report = preflight.run(write_recipe(root, "converts", "converts_its_input", [{"backend": "xnnpack"}], NCHW), root)
-    assert [item["where"] for item in by_target(report, "xnnpack")["findings"]] == ["features.0"]  # Hardswish only
+    assert [item["where"] for item in of_kind(by_target(report, "xnnpack"), "advice")] == ["features.0"]
 
 
-def test_unseen_conv_bn_and_an_unexportable_model(root):
-    report = preflight.run(write_recipe(root, "branchy", "branchy", [{"backend": "onnx"}]), root)
+def test_a_conv_bn_pair_eager_fusion_did_not_see(root, advice_only):
+    report = preflight.run(write_recipe(root, "branchy_pair", "branchy", [{"backend": "xnnpack"}]), root)
     (pair,) = report["model"]["findings"]
     assert pair["where"] == "bn after conv" and "[conv, bn]" in pair["detail"]
-    (export,) = by_target(report, "onnx")["findings"]
-    assert export["kind"] == "unsupported-op" and export["detail"].startswith("torch.export cannot capture")
-    assert report["exit_code"] == 1
 
 
-def test_int8_operations_without_a_quantized_kernel_go_to_fx_graph_mode(root):
-    """Eager mode has no kernel for `+` on quantized tensors; the model has no stubs of its own, so the quantize
-    stage (and the check with it) quantizes it in FX graph mode instead, and says so."""
-    report = preflight.run(write_recipe(root, "plain_add", "plain_add", [{"backend": "qnnpack"}]), root)
-    qnnpack = by_target(report, "qnnpack")
-    assert qnnpack["findings"] == [] and report["exit_code"] == 0
-    (note,) = qnnpack["notes"]
-    assert "eager mode cannot quantize it (fails on the qnnpack engine in Tensor.add" in note
-    assert "quantized in FX graph mode; operations kept float: none" in note
+def test_a_blocked_target_says_why_in_its_line_and_blocks(root, advice_only, monkeypatch, capsys):
+    path = write_recipe(root, "lines", "clean", [{"backend": "xnnpack"}, {"backend": "onnx"}])
+    monkeypatch.chdir(root)
+    assert preflight.check_command([str(path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("xnnpack (xnnpack, pytorch-mobile, fp32): not made in ")
+    assert lines[2].endswith(": BLOCKED: optimize:lines-xnnpack: not made: the build's tasks are not run in this test")
+    assert lines[3].startswith("onnx (onnx, onnxruntime, fp32): not made in ")
+    assert lines[-1] == "2 blocking, 0 advice: blocked (exit 1)"
 
 
 @pytest.mark.parametrize("factory, arguments, expected", [
@@ -263,3 +249,186 @@ def test_a_bad_recipe_is_one_line_and_exit_2(root, monkeypatch, capsys, factory,
     assert preflight.check_command([str(path), *arguments]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.strip().splitlines() == [f"{path.as_posix()}: {expected}"]
+
+
+def test_a_recipe_outside_the_repository_recipes_is_one_line_and_exit_2(root, monkeypatch, capsys):
+    (root / "elsewhere").mkdir(exist_ok=True)
+    path = write_recipe(root, "outside", "clean", [{"backend": "xnnpack"}])
+    moved = root / "elsewhere" / path.name
+    (root / path).rename(moved)
+    monkeypatch.chdir(root)
+    assert preflight.check_command([str(moved.relative_to(root))]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("elsewhere/outside.yaml: not a recipe of this repository")
+
+
+def test_a_failed_dependency_is_blamed_on_the_task_that_failed():
+    """What doit reports for the artifact's task (its dependency failed) leads to the build's own error."""
+    reporter = shipped._Reporter(["optimize:r-xnnpack"], lambda name, outcome: None)
+    reporter.failed = {"script:r-fp32": TaskFailed("recipes/r.yaml: script: torch.jit.script cannot compile\nmore"),
+                         "optimize:r-xnnpack": UnmetDependency("script:r-fp32")}
+    assert reporter.cause("optimize:r-xnnpack") == ("script:r-fp32",
+                                                    "recipes/r.yaml: script: torch.jit.script cannot compile")
+
+
+def test_an_artifact_this_host_cannot_load_cannot_run(root, tmp_path):
+    """The host run is verify's loading: here ONNX Runtime refusing a file that is not a model."""
+    loaded = recipe.load(write_recipe(root, "garbage", "clean", [{"backend": "onnx"}]), root)
+    nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, root)}
+    artifact = nodes["export:garbage-onnx"]
+    check = TargetCheck(loaded.targets[0], routes.route_for(loaded.targets[0], loaded.file),
+                        type("Model", (), {"inputs": loaded.inputs})(), artifact, nodes)
+    (root / artifact.output).parent.mkdir(parents=True, exist_ok=True)
+    (root / artifact.output).write_bytes(b"not an ONNX model")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        check.host_run()
+    (cannot,) = check.findings
+    assert cannot["kind"] == "cannot-run" and cannot["where"] == "onnxruntime runtime"
+    assert "cannot load artifacts/garbage/garbage-onnx.onnx" in cannot["detail"]
+
+
+def test_the_text_report_lists_findings_after_the_target_lines():
+    finding = {"target": "onnx", "kind": "fallback", "detail": "2 calls outside", "where": "aten::cumsum.out"}
+    report = {"recipe": "r", "file": "recipes/r.yaml", "versions": {"torch": "2.12.1"},
+              "model": {"findings": [], "notes": [], "seconds": 0.5},
+              "targets": [{"target": "et", "backend": "xnnpack", "runtime": "executorch", "delegate": "xnnpack",
+                           "precision": "fp32", "made": "up to date", "findings": [finding], "notes": ["a note"],
+                           "seconds": 1.25}],
+              "blocking": 0, "advice": 1, "exit_code": 0}
+    assert command.format(report).splitlines() == [
+        "r (recipes/r.yaml): torch 2.12.1",
+        "model: built and fused in 0.5 s; all targets: ok",
+        "et (xnnpack, executorch -> xnnpack, fp32): up to date in 1.2 s: ok, 1 fallback",
+        "et:",
+        "    kind           where             detail",
+        "    fallback       aten::cumsum.out  2 calls outside",
+        "    note: a note",
+        "0 blocking, 1 fallback: no blocking findings (exit 0)"]
+
+
+# --- what the build's own tasks decide (slow: they run, and real builds follow) -----------------------------------
+
+
+@pytest.mark.slow
+def test_a_model_that_scripts_badly_is_blocked_as_the_build_fails(root):
+    path = write_recipe(root, "pythonic", "pythonic", [{"backend": "xnnpack"}, {"backend": "onnx"}], NCHW)
+    report = preflight.run(path, root)
+    (fails,) = of_kind(by_target(report, "xnnpack"), "build-fails")
+    assert fails["where"] == "script:pythonic-fp32"
+    assert fails["detail"].startswith("recipes/pythonic.yaml: script: torch.jit.script cannot compile the model")
+    assert by_target(report, "onnx")["made"] == "built" and of_kind(by_target(report, "onnx"), "build-fails") == []
+    assert report["exit_code"] == 1
+
+    status, errors, _ = build(root, "pythonic")
+    assert status != 0 and f"ERROR: {fails['where']}: {fails['detail']}" in errors.splitlines()
+    assert (root / "artifacts/pythonic/pythonic-onnx.onnx").is_file()
+    assert not (root / "artifacts/pythonic/pythonic-xnnpack.ptl").exists()
+
+
+@pytest.mark.slow
+def test_portable_fallbacks_are_a_warning_and_the_program_builds(root):
+    targets = [{"backend": "xnnpack", "runtime": "executorch"}]
+    report = preflight.run(write_recipe(root, "partly", "cumulative", targets, NCHW), root)
+    result = by_target(report, "xnnpack-executorch")
+    assert result["delegate"] == "xnnpack" and result["made"] == "built"
+    assert result["delegation"]["delegated_calls"] == 1 and result["delegation"]["fallback_calls"] == 1
+    (fallback,) = result["findings"]  # outside the delegate: it builds, loads and runs on the portable kernels
+    assert fallback["kind"] == "fallback" and fallback["where"] == "aten::cumsum.out"
+    assert report["exit_code"] == 0 and report["blocking"] == 0
+
+    status, errors, executed = build(root, "verify:partly-xnnpack-executorch")
+    assert status == 0, errors
+    assert executed == ["verify:partly-xnnpack-executorch"]  # the check made the program: only verify is left
+
+
+@pytest.mark.slow
+def test_a_missing_kernel_blocks_as_the_build_refuses_the_program(root):
+    targets = [{"backend": "xnnpack", "runtime": "executorch"}]
+    report = preflight.run(write_recipe(root, "missing", "inverse_error", targets, NCHW), root)
+    (fails,) = of_kind(by_target(report, "xnnpack-executorch"), "build-fails")
+    assert fails["where"] == "lower:missing-xnnpack-executorch"
+    assert fails["detail"].startswith("recipes/missing.yaml: targets[0]: the program cannot load: ExecuTorch's "
+                                      "runtime has no kernel for aten::erfinv.out")
+    assert report["exit_code"] == 1
+
+    status, errors, _ = build(root, fails["where"])
+    assert status != 0 and f"ERROR: {fails['where']}: {fails['detail']}" in errors.splitlines()
+
+
+@pytest.mark.slow
+def test_a_check_after_a_build_rebuilds_nothing_and_a_build_after_a_check_reuses_it(tmp_path, monkeypatch, capsys):
+    project = Project(tmp_path)
+    (project.root / "preflight_models.py").write_text(MODELS)
+    targets = [{"backend": "xnnpack"}, {"backend": "qnnpack"}, {"backend": "onnx"}]
+    first = write_recipe(project.root, "first", "clean", targets)
+    second = write_recipe(project.root, "second", "relu6", targets)
+    monkeypatch.chdir(project.root)
+
+    assert preflight.check_command([str(first)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" in ")[0] for line in lines[2:5]] == [
+        "xnnpack (xnnpack, pytorch-mobile, fp32): built", "qnnpack (qnnpack, pytorch-mobile, int8): built",
+        "onnx (onnx, onnxruntime, fp32): built"]
+    _, _, executed = build(project.root, "first")
+    assert not [name for name in executed if name.split(":")[0] in ("checkpoint", "fuse", "quantize", "script",
+                                                                     "optimize", "export")], executed
+
+    status, errors, _ = build(project.root, "second")
+    assert status == 0, errors
+    assert preflight.check_command([str(second), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [result["made"] for result in json.loads(captured.out)["targets"]] == ["up to date"] * 3
+    assert len(captured.err.splitlines()) == 5  # with --json, the header and the target lines go to stderr
+
+
+@pytest.mark.slow
+def test_a_clean_model_exits_0_with_a_line_per_target(root, monkeypatch, capsys):
+    path = write_recipe(root, "clean", "clean", [{"backend": "xnnpack"}, {"backend": "qnnpack"},
+                                                 {"backend": "nnapi"}, {"backend": "onnx"}])
+    monkeypatch.chdir(root)
+    assert preflight.check_command([str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for target, route in (("xnnpack", "pytorch-mobile, fp32"), ("qnnpack", "pytorch-mobile, int8"),
+                          ("nnapi", "pytorch-mobile, fp32"), ("onnx", "onnxruntime, fp32")):
+        assert any(line.startswith(f"{target} (") and route in line and line.endswith(": ok") for line in lines)
+    assert "    note: not run here: it runs only on an Android 8.1+ device with NNAPI" in lines
+    assert lines[-1] == "0 blocking, 0 advice: no blocking findings (exit 0)"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(hasattr(torch.ops.vulkan_prepack, "create_conv2d_context"), reason="this torch exports Vulkan")
+def test_pytorch_mobile_vulkan_needs_a_vulkan_build(root, monkeypatch, capsys):
+    path = write_recipe(root, "gpu", "clean", [{"backend": "vulkan"}, {"backend": "vulkan", "runtime": "executorch",
+                                                                        "name": "et-vulkan"}], NCHW)
+    monkeypatch.chdir(root)
+    assert preflight.check_command([str(path), "--json", "--target", "vulkan"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [result["target"] for result in report["targets"]] == ["vulkan"]  # --target: the one asked for
+    (needs,) = report["targets"][0]["findings"]
+    assert needs["kind"] == "build-fails" and needs["where"] == "optimize:gpu-vulkan"
+    assert "USE_VULKAN=1" in needs["detail"]
+
+
+@pytest.mark.slow
+def test_what_the_nnapi_converter_and_the_onnx_exporter_refuse_blocks(root):
+    report = preflight.run(write_recipe(root, "relu6_inplace", "relu6_inplace", [{"backend": "nnapi"}]), root)
+    (fails,) = of_kind(by_target(report, "nnapi"), "build-fails")
+    assert fails["where"] == "nnapi:relu6_inplace-nnapi" and "aten::hardtanh_" in fails["detail"]
+
+    report = preflight.run(write_recipe(root, "branchy", "branchy", [{"backend": "onnx"}]), root)
+    (fails,) = of_kind(by_target(report, "onnx"), "build-fails")
+    assert fails["where"] == "export:branchy-onnx" and "torch.export cannot capture" in fails["detail"]
+    assert report["exit_code"] == 1
+
+
+@pytest.mark.slow
+def test_int8_operations_without_a_quantized_kernel_go_to_fx_graph_mode(root):
+    """Eager mode has no kernel for `+` on quantized tensors; the model has no stubs of its own, so the quantize
+    stage quantizes it in FX graph mode instead, and the check says which operations stay float."""
+    report = preflight.run(write_recipe(root, "plain_add", "plain_add", [{"backend": "qnnpack"}]), root)
+    qnnpack = by_target(report, "qnnpack")
+    assert qnnpack["findings"] == [] and report["exit_code"] == 0
+    (note,) = qnnpack["notes"]
+    assert note == ("int8: eager mode cannot quantize the model, so the build quantized it in FX graph mode; "
+                    "operations kept float: none")

@@ -1,25 +1,24 @@
-"""`mobilebuild check RECIPE`: a compatibility pre-flight, before any build.
+"""`mobilebuild check RECIPE`: a pre-flight that runs what the build runs.
 
-The recipe's model is built with random weights (no checkpoint, no training: which operations a target takes does
-not depend on the values) and fused as the fuse stage fuses it. Then each target's own toolchain is asked, in
-memory, what it would make of it:
+Each target's shipped artifact is made by the build's own doit tasks (shipped.py): the same nodes, stage workers,
+doit state and shared artifact cache as `mobilebuild build`, up to the artifact (script or trace, optimize, NNAPI
+conversion, ExecuTorch lowering, ONNX export and the quantization before them), never verify, bench, the manifest or
+the report. A check after a build finds everything up to date; a build after a check finds the artifacts made. A
+target whose chain fails is blocked with the build's own one-line error ("build-fails", naming the task that failed).
 
-- NNAPI: the node kinds torch.backends._nnapi has no converter for (`nnapi.unsupported_ops`), then the conversion
-  itself, which refuses some arguments of kinds it knows; on the float model (mode none) or on the quantized one
-  (modes core and full, quantized on the example input);
-- ExecuTorch (XNNPACK, Vulkan, Core ML, MPS): the model lowered as the lower stage lowers it; the operators left
-  outside the delegate run on ExecuTorch's portable CPU kernels (`lower.preflight_delegation`);
-- PyTorch Mobile: whether this torch can run optimize_for_mobile for the backend at all (XNNPACK compiled in; the
-  Vulkan or Metal export ops, `optimize.check_gpu_export`), and for int8 whether every operation of the quantized
-  model has a quantized kernel (`quantize.check_runs`);
-- ONNX: whether torch.onnx.export takes the float model (`export.export_float`).
+Then each made artifact that runs on this host is loaded in its runtime and run once on the example inputs, as
+verify loads it (PyTorch Mobile's lite interpreter, ExecuTorch's runtime, ONNX Runtime): one that cannot load or run
+(a kernel no library has) is blocked ("cannot-run"). What the artifact and the model say for the target
+(targets.py) are warnings and advice: the operators of an ExecuTorch program left outside the delegate, on the
+portable kernels ("fallback", read from the .pte), and the edge-deployment talk's and the performance recipe's
+architecture advice, from the recipe's model built with random weights and fused as the fuse stage fuses it
+(structure.py): widths that are not a multiple of 8, activations the target cannot fuse into the convolution or
+linear layer before them, an NCHW input for XNNPACK through PyTorch Mobile, batch norm after a convolution that eager
+fusion did not see. Notes say what was not run here and why, and which operations an int8 model quantized in FX
+graph mode keeps in float.
 
-Then the edge-deployment talk's and the performance recipe's architecture advice, where it applies: widths that are
-not a multiple of 8, activations the target cannot fuse into the convolution or linear layer before them, an NCHW
-input for XNNPACK through PyTorch Mobile, batch norm after a convolution that eager fusion did not see.
-
-A finding is {target, kind, detail, where}; kinds "unsupported-op", "fallback" and "needs-build" block (exit code
-1), "advice" does not (exit code 0). Findings about the model whatever the target have target "*".
+A finding is {target, kind, detail, where}; kinds "build-fails" and "cannot-run" block (exit code 1), "fallback" and
+"advice" do not (exit code 0). Findings about the model whatever the target have target "*".
 """
 
 from mobilebuild.preflight.advice import ALL_TARGETS

@@ -4,9 +4,11 @@ them."""
 
 from mobilebuild.errors import few
 
-KINDS = ("unsupported-op", "cannot-run", "needs-build", "fallback", "advice")
-# A fallback (operators outside the delegate, on the portable kernels) builds, loads and runs: a warning.
-BLOCKING = frozenset(KINDS[:3])
+# build-fails: a task of the build up to the target's artifact fails (the build's own error); cannot-run: the artifact
+# was made, and this host's runtime cannot load or run it. A fallback (operators outside the delegate, on the portable
+# kernels) builds, loads and runs: a warning.
+KINDS = ("build-fails", "cannot-run", "fallback", "advice")
+BLOCKING = frozenset(KINDS[:2])
 ALL_TARGETS = "*"
 SHOWN_PLACES = 4  # layers named in one finding before "and N more"
 DISPLAY = {"relu": "ReLU", "relu6": "ReLU6", "hardtanh": "Hardtanh", "hardswish": "Hardswish",

@@ -1,4 +1,5 @@
-"""`mobilebuild check RECIPE [--json] [--target ID ...]`: the report as text or JSON, and the exit status."""
+"""`mobilebuild check RECIPE [--json] [--target ID ...]`: the report as text (a line per target as it finishes, then
+the findings) or JSON, and the exit status."""
 
 import argparse
 import json
@@ -8,7 +9,6 @@ from pathlib import Path
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.preflight.advice import BLOCKING, KINDS
 from mobilebuild.preflight.whole_recipe import run
-from mobilebuild.worker import measure_alone
 
 
 def _status(findings):
@@ -36,39 +36,76 @@ def _table(findings, notes, indent="    "):
     return lines
 
 
-def format(report):
-    """The report as text: a header, then a table per target (the model's own findings first)."""
+def _route(result):
+    delegate = f" -> {result['delegate']}" if result.get("delegate") else ""
+    return f"{result['target']} ({result['backend']}, {result['runtime']}{delegate}, {result['precision']})"
+
+
+def header(report):
+    """The lines before any target has finished: the recipe, the versions, the model's own findings."""
     versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items() if version)
     model = report["model"]
     lines = [f"{report['recipe']} ({report['file']}): {versions}",
              f"model: built and fused in {model['seconds']:.1f} s; all targets: {_status(model['findings'])}"]
-    lines += _table(model["findings"], model["notes"])
+    return lines + _table(model["findings"], model["notes"])
+
+
+def target_line(result):
+    """One target, as soon as it has finished: how its artifact came to be, and the verdict; a blocked target's line
+    carries the first reason."""
+    made = "not made" if result["made"] == "failed" else result["made"]
+    blocking = [item for item in result["findings"] if item["kind"] in BLOCKING]
+    if blocking:
+        more = f" (and {len(blocking) - 1} more)" if len(blocking) > 1 else ""
+        verdict = f"BLOCKED: {blocking[0]['where']}: {blocking[0]['detail']}{more}"
+    else:
+        verdict = _status(result["findings"])
+    return f"{_route(result)}: {made} in {result['seconds']:.1f} s: {verdict}"
+
+
+def footer(report):
+    """The findings and notes of each target, then the verdict."""
+    lines = []
     for result in report["targets"]:
-        delegate = f" -> {result['delegate']}" if result.get("delegate") else ""
-        lines.append(f"{result['target']} ({result['backend']}, {result['runtime']}{delegate}, {result['precision']})"
-                     f" in {result['seconds']:.1f} s: {_status(result['findings'])}")
-        lines += _table(result["findings"], result["notes"])
+        table = _table(result["findings"], result["notes"])
+        if table:
+            lines += [f"{result['target']}:", *table]
     verdict = "blocked" if report["blocking"] else "no blocking findings"
-    every = model["findings"] + [item for result in report["targets"] for item in result["findings"]]
+    every = report["model"]["findings"] + [item for result in report["targets"] for item in result["findings"]]
     lines.append(f"{report['blocking']} blocking, {_counts(every)}: {verdict} (exit {report['exit_code']})")
-    return "\n".join(lines)
+    return lines
+
+
+def format(report):
+    """The report as text: the header, a line per target, then each target's findings and the verdict."""
+    return "\n".join([*header(report), *map(target_line, report["targets"]), *footer(report)])
+
+
+def _say(lines, stream):
+    for line in lines:
+        print(line, file=stream, flush=True)
 
 
 def check_command(argv):
-    """`mobilebuild check RECIPE [--json] [--target ID ...]`: 0 when nothing blocks (advice only), 1 when a target
-    cannot take the model as it is, 2 for a bad recipe or command line."""
-    parser = argparse.ArgumentParser(prog="mobilebuild check", description="Before any build: what each target of a "
-                                     "recipe cannot take of its model, and which architecture advice applies.")
-    parser.add_argument("recipe", type=Path, help="the recipe file")
+    """`mobilebuild check RECIPE [--json] [--target ID ...]`: 0 when nothing blocks (warnings and advice only), 1 when a
+    target is blocked (its build fails, or its artifact cannot run on this host), 2 for a bad recipe or command line.
+    A line per target as it finishes (on stderr with --json, whose report alone goes to stdout)."""
+    parser = argparse.ArgumentParser(prog="mobilebuild check", description="Pre-flight: build each target of a "
+                                     "recipe up to its artifact with the build's own tasks (reusing and leaving what "
+                                     "the build makes), run it on this host where it runs here, and say what blocks "
+                                     "it, what falls back and which architecture advice applies.")
+    parser.add_argument("recipe", type=Path, help="the recipe file (one under recipes/)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--target", action="append", metavar="ID", help="check only this target (repeatable)")
     try:
         options = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code
+    progress = sys.stderr if options.json else sys.stdout
     try:
-        with measure_alone.stage_running():  # it converts and lowers models, as stages do: benchmarks measure alone
-            report = run(options.recipe, Path.cwd(), targets=options.target)
+        report = run(options.recipe, Path.cwd(), targets=options.target,
+                     on_model=lambda report: _say(header(report), progress),
+                     on_target=lambda result: _say([target_line(result)], progress))
     except RecipeErrors as exc:
         for error in exc.errors:
             print(error, file=sys.stderr)
@@ -76,5 +113,8 @@ def check_command(argv):
     except MobileBuildError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2) if options.json else format(report))
+    if options.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _say(footer(report), sys.stdout)
     return report["exit_code"]

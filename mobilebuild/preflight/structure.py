@@ -3,7 +3,6 @@ activations (an FX trace), the layers a forward pass calls, widths that are not 
 eager fusion did not see."""
 
 import contextlib
-import copy
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import torch
 from torch import nn
 
 from mobilebuild.preflight.advice import ALL_TARGETS, finding
-from mobilebuild.worker.stages import checkpoint, fuse, modeling, nnapi, quantize
+from mobilebuild.worker.stages import checkpoint, fuse, modeling, nnapi
 
 CHANNEL_MULTIPLE = 8
 
@@ -201,25 +200,6 @@ class Model:
             self.fused, _ = fuse.fuse(model, recipe_.fuse)
         batch_norms, self.notes = unfolded_batch_norms(self.fused, self.inputs)
         self.findings += batch_norms
-        self._quantized = {}
-        self.quantization_notes = {}  # (engine, mode, weights) -> how the quantize stage will go about it
-
-    def float_copy(self):
-        return copy.deepcopy(self.fused)
-
-    def quantized(self, engine, settings):
-        """The fused model quantized as the quantize stage does, calibrated on the example input alone (which
-        operations it holds does not depend on the ranges); a copy each time, as callers modify it."""
-        key = (engine, settings["mode"], settings.get("weights"))
-        if key not in self._quantized:
-            model = self.float_copy()
-            if settings["mode"] == "dynamic":
-                self._quantized[key] = quantize.dynamic(model, engine, settings.get("weights"))
-            else:  # QAT converts to the same quantized modules as static quantization
-                self._quantized[key], self.quantization_notes[key] = quantize.static_any(
-                    model, engine, lambda: [modeling.example_inputs(self.inputs)], settings.get("weights"),
-                    "quantize.calibration", self.inputs)
-        return copy.deepcopy(self._quantized[key])
 
 
 @contextlib.contextmanager

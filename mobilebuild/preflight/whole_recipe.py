@@ -1,11 +1,14 @@
-"""Checking a whole recipe: its model built once (structure.py), then each target's check (targets.py)."""
+"""Checking a whole recipe: its model's structure (structure.py), each target's shipped artifact made by the build's
+own tasks (shipped.py), then what the artifact and the model say for each target (targets.py)."""
 
+import contextlib
 import time
 from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import recipe, routes, toolchain
+from mobilebuild.plan import project, recipe, routes, toolchain
 from mobilebuild.preflight.advice import BLOCKING
+from mobilebuild.preflight.shipped import Outcome, make
 from mobilebuild.preflight.structure import Model
 from mobilebuild.preflight.targets import TargetCheck
 from mobilebuild.worker.quiet import quiet
@@ -27,15 +30,29 @@ def _load(recipe_path, root, only):
             continue
         try:
             route = routes.route_for(target, loaded.file)
-            interpreter = toolchain.interpreter(target.toolchain, loaded.file, root,
-                                                f"targets[{target.index}].toolchain")
+            toolchain.interpreter(target.toolchain, loaded.file, root, f"targets[{target.index}].toolchain")
         except MobileBuildError as exc:
             problems.append(exc)
             continue
-        chosen.append((target, route, interpreter))
+        chosen.append((target, route))
     if problems:
         raise RecipeErrors(problems)
     return loaded, chosen
+
+
+def _artifacts(loaded, chosen, root):
+    """({target id: the node that writes its shipped artifact}, every node of the project by task name): the build's
+    own graph, of which the recipe must be part."""
+    nodes, invalid = project.load(root)
+    if loaded.file in invalid:  # valid alone, not beside the others (a duplicate name)
+        raise RecipeErrors([MobileBuildError(line) for line in invalid[loaded.file]])
+    by_task = {node.task_name: node for node in nodes}
+    shipped_nodes = {node.describes["target"]: node for node in nodes
+                     if node.recipe_file == loaded.file and "target" in node.describes}
+    if not shipped_nodes:
+        raise MobileBuildError(f"not a recipe of this repository: check runs the build's own tasks, which build the "
+                               f"recipes under {recipe.RECIPE_DIR}/", file=loaded.file)
+    return {target.id: shipped_nodes[target.id] for target, _ in chosen}, by_task
 
 
 def _quiet():
@@ -43,31 +60,51 @@ def _quiet():
     return quiet(logs=None, output=False)
 
 
-def run(recipe_path, root, targets=None):
-    """Check every target of the recipe at `recipe_path` (relative to `root`, or absolute), or only the target ids
-    in `targets`. Returns the report: JSON-able, findings per target, seconds per check. A bad recipe, or a model
-    that cannot be built from it, raises MobileBuildError (or RecipeErrors) with one line per problem."""
-    root = Path(root)
+def run(recipe_path, root, targets=None, on_model=None, on_target=None):
+    """Check every target of the recipe at `recipe_path` (relative to `root`, the repository, or absolute), or only
+    the target ids in `targets`: each target's artifact is made by the build's own tasks (reusing what a build
+    made, and left for the build to reuse), then inspected. `on_model(report)` is called once the model's structure
+    is known, `on_target(result)` as each target finishes. Returns the report: JSON-able, findings per target. A bad
+    recipe, or a model that cannot be built from it, raises MobileBuildError (or RecipeErrors) with one line per
+    problem."""
+    root = Path(root).resolve()
     loaded, chosen = _load(recipe_path, root, targets)
-    started = time.perf_counter()
-    with _quiet():
-        try:
-            model = Model(loaded, root)
-        except MobileBuildError as exc:
-            raise exc.located(loaded.file) from None
-        model_seconds = time.perf_counter() - started
-        shared, results = {}, []
-        for target, route, interpreter in chosen:
-            started = time.perf_counter()
-            check = TargetCheck(target, route, model, shared, interpreter)
-            check.run()
-            results.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
-                            "precision": route.precision(target), **check.facts, "findings": check.findings,
-                            "notes": check.notes, "seconds": round(time.perf_counter() - started, 2)})
-    every = model.findings + [item for result in results for item in result["findings"]]
+    with contextlib.chdir(root):
+        artifacts, nodes = _artifacts(loaded, chosen, root)
+        started = time.perf_counter()
+        with _quiet():
+            try:
+                model = Model(loaded, root)
+            except MobileBuildError as exc:
+                raise exc.located(loaded.file) from None
+        versions = {name: toolchain.versions()[name] for name in VERSIONS}
+        report = {"recipe": loaded.name, "file": loaded.file, "versions": versions,
+                  "model": {"findings": model.findings, "notes": model.notes,
+                            "seconds": round(time.perf_counter() - started, 2)}}
+        if on_model:
+            on_model(report)
+
+        by_task = {artifacts[target.id].task_name: (target, route) for target, route in chosen}
+        results, last = {}, [time.perf_counter()]
+
+        def finished(task_name, outcome):
+            target, route = by_task[task_name]
+            check = TargetCheck(target, route, model, artifacts[target.id], nodes)
+            with _quiet():
+                check.run(outcome)
+            results[target.id] = {"target": target.id, "backend": route.backend, "runtime": route.runtime,
+                                  "precision": route.precision(target), **check.facts, "findings": check.findings,
+                                  "notes": check.notes, "seconds": round(time.perf_counter() - last[0], 2)}
+            last[0] = time.perf_counter()
+            if on_target:
+                on_target(results[target.id])
+
+        status = make(list(by_task), finished)
+        for task_name, (target, route) in by_task.items():
+            if target.id not in results:  # doit itself failed (its own error is on stderr)
+                finished(task_name, Outcome("failed", task_name, f"doit did not run it (exit {status})"))
+    ordered = [results[target.id] for target, _ in chosen]
+    every = model.findings + [item for result in ordered for item in result["findings"]]
     blocking = sum(item["kind"] in BLOCKING for item in every)
-    versions = {name: toolchain.versions()[name] for name in VERSIONS}
-    return {"recipe": loaded.name, "file": loaded.file, "versions": versions,
-            "model": {"findings": model.findings, "notes": model.notes, "seconds": round(model_seconds, 2)},
-            "targets": results, "blocking": blocking, "advice": len(every) - blocking,
+    return {**report, "targets": ordered, "blocking": blocking, "advice": len(every) - blocking,
             "exit_code": 1 if blocking else 0}
