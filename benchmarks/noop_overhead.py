@@ -19,6 +19,7 @@ time and peak RSS grow at most linearly with the number of tasks; torch is never
 """
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -171,7 +172,8 @@ def torch_free_noop(root, scratch, tasks):
     (shim / "torch").mkdir(parents=True)
     (shim / "torch" / "__init__.py").write_text(
         f"open({str(marker)!r}, 'w').close()\nraise ImportError('torch imported')\n")
-    run = measure([PYTHON, "-m", "doit"], root, env={**bytecode_env(scratch), "PYTHONPATH": str(shim)})
+    run = measure([PYTHON, "-m", "doit"], root, env={**bytecode_env(scratch),
+                                                     "PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])})
     problem = noop_problem(run, tasks)
     if problem:
         print(f"poisoned-torch run: {problem}\n{run.output[-2000:]}\n{run.errors[-2000:]}")
@@ -208,7 +210,9 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="noop-bench-") as scratch:
         scratch = Path(scratch)
-        env = {**bytecode_env(scratch), "MOBILEBUILD_CACHE": str(scratch / "cache")}
+        # this checkout's mobilebuild, whatever the interpreter has installed (an edit elsewhere would rebuild all)
+        env = {**bytecode_env(scratch), "MOBILEBUILD_CACHE": str(scratch / "cache"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         sizes = {count: measure_size(scratch, count, args.repeats, env) for count in sorted(args.recipes)}
         rows = []
         for count, (_, tasks, runs, ratio) in sizes.items():
