@@ -88,3 +88,25 @@ def test_onnx_int8_ranks_the_broken_convolution_first(tmp_path):
     assert result["method"] == "onnx"
     assert_broken_first(result)
     assert result["layers"][0]["op"] == "Conv2d" and "weight_sqnr_db" in result["layers"][0]
+
+
+@pytest.mark.slow
+def test_the_build_writes_each_int8_targets_worst_layers_to_the_manifest_and_the_report(project):
+    from conftest import tiny_recipe
+
+    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "qnnpack"},
+                                              {"backend": "onnx", "precision": "int8"}]))
+    built = project.run()
+
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert built.stdout.count("   worst layers: ") == 2  # the int8 targets only
+    manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
+    assert sorted(manifest["layers"]) == ["onnx", "qnnpack"]
+    for result in manifest["layers"].values():
+        assert 0 < len(result["layers"]) <= 5 and result["seconds"] > 0
+        assert [row["sqnr_db"] for row in result["layers"]] == sorted(row["sqnr_db"] for row in result["layers"])
+    assert "**Worst layers of the int8 artifacts" in project.artifact("report.md").read_text()
+
+    project.write_recipe(tiny_recipe(targets=[{"backend": "qnnpack"}], verify={"layers": False}))
+    listed = project.run("list", "--all")
+    assert listed.returncode == 0 and "layers:" not in listed.stdout and "verify:tiny-qnnpack" in listed.stdout

@@ -441,3 +441,25 @@ def test_malformed_inputs_are_left_out_not_fatal(tmp_path):
     manifest["inputs"] = [None, {"name": "x", "shape": "1x3", "dynamic": [{"axis": 9}, "seq"]}, 7]
     _, markdown, _ = write([manifest], tmp_path)
     assert "Inputs: x [] —." in markdown
+
+
+def test_the_worst_layers_of_int8_targets_are_listed_worst_first_beside_the_table(tmp_path):
+    manifest = full_manifest()
+    manifest["layers"] = {"qnnpack": {"method": "eager", "compared": 12, "samples": 16, "data": "random",
+                                      "seconds": 1.234,
+                                      "layers": [{"name": "features.2", "op": "ConvReLU2d", "sqnr_db": 0.84},
+                                                 {"name": "head", "op": "Linear", "sqnr_db": 31.0}]},
+                          "xnnpack": {"error": "the per-layer comparison failed: | no"}, "gone": None}
+    _, markdown, page = write([manifest], tmp_path)
+
+    assert HEADER in markdown  # the main table keeps its columns
+    assert ("| target | # | layer | op | SQNR (dB) |\n|---|---:|---|---|---:|\n"
+            "| qnnpack | 1 | features.2 | ConvReLU2d | 0.8 |\n| qnnpack | 2 | head | Linear | 31.0 |") in markdown
+    assert ("- worst layers (qnnpack): eager numeric suite, 12 layers compared on 16 random samples, 1.2 s"
+            in markdown)
+    assert "- worst layers (xnnpack): the per-layer comparison failed: | no" in markdown
+    assert "<summary>Worst layers of the int8 artifacts" in page and "<td>features.2</td>" in page
+    for broken in ({"qnnpack": {"layers": "x"}}, {"qnnpack": {"layers": [None, {"sqnr_db": "low"}]}}, "x"):
+        write([{**manifest, "layers": broken}], tmp_path)  # renders without failing
+    _, untouched, _ = write([full_manifest()], tmp_path)
+    assert "Worst layers" not in untouched

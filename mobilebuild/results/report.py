@@ -276,6 +276,8 @@ class Section:
     notes: list[str]
     plot: str | None = None  # its figure's file name under plots/
     no_plots: str | None = None
+    layers: Table | None = None  # per int8 target, the layers that add the most error (worker/stages/layers.py)
+    layers_notes: list[str] = field(default_factory=list)  # how each target's layers were compared, what failed
 
 
 @dataclass
@@ -589,11 +591,49 @@ def _section(manifest):
                      "targets are taken from its artifacts.")
     section = Section(recipe, rows, about, recommend(rows), _main_table(rows), _details_table(rows),
                       _failures(rows), _notes(rows))
+    section.layers, section.layers_notes = _layers(manifest, rows)
     if any(row.median_ms is not None for row in rows):
         section.plot = plot_name(recipe)
     else:
         section.no_plots = "No plots: no benchmark ran for this recipe."
     return section
+
+
+LAYERS_TITLE = "Worst layers of the int8 artifacts (each layer fed the float model's inputs; lowest SQNR first)"
+LAYER_COLUMNS = [
+    Column("target", "", False, lambda item: item[0]),
+    Column("#", "", True, lambda item: str(item[1])),
+    Column("layer", "", False, lambda item: _text(_get(item[2], "name"))),
+    Column("op", "", False, lambda item: _text(_get(item[2], "op"))),
+    Column("SQNR (dB)", "", True, lambda item: _fixed(_number(_get(item[2], "sqnr_db")), 1)),
+]
+LAYER_METHODS = {"eager": "eager numeric suite", "fx": "FX numeric suite", "pt2e": "PT2E numeric debugger",
+                 "onnx": "qdq_loss_debug"}
+
+
+def _layers(manifest, rows):
+    """(a table of each int8 target's worst layers, worst first, and a line per target on how they were compared):
+    the manifest's per-layer comparisons, in the main table's order of targets."""
+    found = _dict(_get(manifest, "layers"))
+    items, notes, states = [], [], []
+    for row in rows[1:]:
+        result = _dict(found.get(_get(row.target, "target")))
+        if not result:
+            continue
+        if _get(result, "error"):
+            notes.append(f"worst layers ({row.label}): {_text(result['error'])}")
+            continue
+        ranked = [layer for layer in (_get(result, "layers") or []) if isinstance(layer, dict)]
+        items += [(row.label, rank, layer) for rank, layer in enumerate(ranked, 1)]
+        states += [row.state] * len(ranked)
+        method = _text(LAYER_METHODS.get(_get(result, "method"), _get(result, "method")))
+        seconds = _number(_get(result, "seconds"))
+        notes.append(f"worst layers ({row.label}): {method}, {_text(_get(result, 'compared'))} layers compared on "
+                     f"{_text(_get(result, 'samples'))} {_text(_get(result, 'data'))} samples"
+                     + (f", {seconds:.1f} s" if seconds is not None else ""))
+    if not items:
+        return None, notes
+    return Table(LAYER_COLUMNS, [[column.cell(item) for column in LAYER_COLUMNS] for item in items], states), notes
 
 
 def _interface(manifest):
@@ -702,6 +742,9 @@ def render_markdown(report):
         lines += _md_table(section.table)
         if section.details:
             lines += ["**Details:**", ""] + _md_table(section.details)
+        if section.layers or section.layers_notes:
+            lines += [f"**{LAYERS_TITLE}:**", ""] + (_md_table(section.layers) if section.layers else [])
+            lines += _md_list(section.layers_notes) + [""]
         if section.failures:
             lines += ["**Failures:**", ""] + _md_list(section.failures) + [""]
         if section.notes:
@@ -798,6 +841,10 @@ def render_html(report):
         if section.details:
             out += ["<details>", "<summary>Details: compression, more metrics, the graph</summary>"]
             out += _html_table(section.details) + ["</details>"]
+        if section.layers or section.layers_notes:
+            out += ["<details>", f"<summary>{e(LAYERS_TITLE)}</summary>"]
+            out += _html_table(section.layers) if section.layers else []
+            out += ["<ul>"] + [f"<li>{e(note)}</li>" for note in section.layers_notes] + ["</ul>", "</details>"]
         if section.failures:
             out += ['<div class="failures">', "<h3>Failures</h3>", "<ul>"]
             out += [f"<li>{e(failure)}</li>" for failure in section.failures]

@@ -78,8 +78,8 @@ class _Errors:
     def ranked(self):
         rows = []
         for name, (op, signal, noise, extra) in self.found.items():
-            if noise == 0.0:
-                value = metrics.SQNR_CEILING_DB
+            if noise == 0.0:  # exact: it adds no error (a dequantization, a float module)
+                continue
             elif signal == 0.0:
                 value = -metrics.SQNR_CEILING_DB
             else:
@@ -102,7 +102,8 @@ def batches(config):
     groups, description = verify.evaluation_data(settings)
     _, data, _ = groups[0]
     size = config.inputs[0]["shape"][0]
-    usable = len(data[0]) - len(data[0]) % size
+    usable = min(len(data[0]), max(config.samples, size))  # an evaluation function's data too
+    usable -= usable % size
     return list(zip(*(x[:usable].split(size) for x in data))), description
 
 
@@ -288,8 +289,8 @@ def pt2e_layers(inputs, config, chunks):
                 op = _aten_name(node_name)
                 if op in MOVES:
                     continue
-                name, kind = _module_of(stack, node_name)
-                errors.add(name if kind else node_name, kind or op, handing[module.debug_info], module.stats[-1])
+                name, kind = _module_of(stack, node_name, op)
+                errors.add(name, kind, handing[module.debug_info], module.stats[-1])
     return errors, "pt2e"
 
 
@@ -299,14 +300,18 @@ def _aten_name(node_name):
     return base[:-1] if base.endswith("_") else base
 
 
-def _module_of(stack, node_name):
-    """(module path, class name) of the innermost module a node of an exported graph comes from."""
+def _module_of(stack, node_name, op):
+    """(module path, what it is) of a node of an exported graph: the innermost module it comes from and its class
+    where that is one of torch.nn's layers (Conv2d, Linear, ReLU), else the operation (the `add` of a residual
+    block)."""
     if not isinstance(stack, dict) or not stack:
-        return node_name, None
+        return node_name, op
     path, kind = list(stack.values())[-1]
-    path = path.removeprefix("L['self'].")
-    kind = kind.rsplit(".", 1)[-1] if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-    return path or node_name, kind
+    path = path.removeprefix("L['self'].") or node_name
+    kind = kind if isinstance(kind, str) else f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}"
+    if kind.startswith("torch.nn.") or kind.startswith("torch.ao.nn."):
+        return path, kind.rsplit(".", 1)[-1]
+    return path, op
 
 
 # --- ONNX Runtime int8 (QDQ) ---------------------------------------------------------------------------------------
@@ -452,8 +457,9 @@ def run(inputs, config, output):
         with quiet.native_stderr(once=True):
             errors, method = ROUTES[config.route](inputs, config, chunks)
         ranked = errors.ranked()
-        result.update(layers=ranked[:config.top], compared=len(ranked), method=method, method_detail=METHODS[method],
-                      data=description, samples=sum(len(chunk[0]) for chunk in chunks))
+        result.update(layers=ranked[:config.top], compared=len(errors.found), method=method,
+                      method_detail=METHODS[method], data=description,
+                      samples=sum(len(chunk[0]) for chunk in chunks))
     except Exception as exc:  # a diagnosis, not a verdict: what it cannot do is said, and the build goes on
         detail = exc.message if isinstance(exc, MobileBuildError) else f"{type(exc).__name__}: " \
                                                                         f"{modeling.first_line(exc)}"
