@@ -24,6 +24,12 @@
                                          (shared with the build), run once on this host, what blocks it, what runs
                                          outside the delegate, and the architecture advice that applies (exit 0
                                          fine, 1 blocked, 2 bad recipe)
+    mobilebuild tune RECIPE --target ID [--goal recipe|defaults|NAME=VALUE] [--max-candidates 16] [--write]
+                   [--dask ADDRESS|local] [-n N]
+                                         the fewest layers kept float (quantize.exclude, walking the per-layer error
+                                         ranking) and the observer that make an int8 target meet its thresholds: a
+                                         table of candidates (each a cached node of the build), then the winner as a
+                                         patch of the recipe (applied with --write); exit 0 met, 1 not met, 2 bad input
     mobilebuild bench [--baseline FILE] [--save-baseline FILE] [--tolerance 0.10]
                                          benchmark every artifact; compare with, or save, a baseline of medians
     mobilebuild report                   rewrite artifacts/report.{md,html} from existing results
@@ -157,6 +163,10 @@ def main(argv=None):
         from mobilebuild.preflight import check_command  # imports torch (and doit): only for this command
 
         return check_command(args[1:])
+    if args[:1] == ["tune"]:
+        from mobilebuild.tune import tune_command
+
+        return tune_command(args[1:])
     if args[:1] == ["validate"]:
         return validate(args[1:])
     if args[:1] == ["bench"]:

@@ -7,6 +7,7 @@ import copy
 import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ SCHEMA_PATH = Path(__file__).parents[1] / "recipe.schema.json"  # at the package
 CACHE_FILE = ".mobilebuild/recipes.json"
 RECIPE_DIR = "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml")
+EXTRA_RECIPES_VARIABLE = "MOBILEBUILD_EXTRA_RECIPES"  # more recipe files to plan, outside recipes/
 # Bumped when parsing accepts less than before, so recipes validated by an older rule are checked again.
 PARSE_RULES = b"2: duplicate keys refused"
 
@@ -471,8 +473,15 @@ def recipe_files(directory):
 
 
 def discover(root):
-    """Every recipe file below `root/recipes`."""
-    return recipe_files(Path(root) / RECIPE_DIR)
+    """Every recipe file below `root/recipes`, then those $MOBILEBUILD_EXTRA_RECIPES names (set by `mobilebuild tune`
+    for the recipe of its candidates, which lives outside recipes/)."""
+    return recipe_files(Path(root) / RECIPE_DIR) + extra_recipes(root)
+
+
+def extra_recipes(root):
+    """The recipe files named by $MOBILEBUILD_EXTRA_RECIPES (os.pathsep-separated, relative to `root`) that exist."""
+    named = os.environ.get(EXTRA_RECIPES_VARIABLE, "").split(os.pathsep)
+    return [Path(root) / name for name in named if name and (Path(root) / name).is_file()]
 
 
 def load_all(root, paths=None):
