@@ -35,7 +35,7 @@ CACHED = "(from the cache)"  # what build.execute.run_node prints for an artifac
 EXCLUDABLE = recipe.schema()["properties"]["quantize"]["properties"]["exclude"]["items"]["pattern"]
 STUBS = ("QuantStub", "DeQuantStub", "QuantizeLinear", "DequantizeLinear")
 THRESHOLDS = tuple(recipe.default_thresholds("int8"))
-NEEDS = {"accuracy_drop": "accuracy needs labelled evaluation data (verify.evaluation returning inputs and labels)",
+NEEDS = {"accuracy_drop": "accuracy needs labelled evaluation data: verify.evaluation returning inputs and labels",
          "top1_agreement": "top-1 agreement needs a classifier's scores as output"}
 
 

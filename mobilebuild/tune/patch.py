@@ -3,6 +3,7 @@ byte for byte (PyYAML would drop its comments and reformat it). Found through th
 checked by parsing both texts: everything but that target's quantize must read the same."""
 
 import difflib
+import json
 import math
 
 import yaml
@@ -64,13 +65,15 @@ def edit(text, index, quantize):
         after = yaml.load(edited, Loader=recipe._Loader)
     except yaml.YAMLError:
         return None
-    before["targets"][index]["quantize"] = quantize
-    if after != before:
+    expected = json.loads(json.dumps(before))  # unshared: an alias's edit shows in every place it is used
+    expected["targets"][index]["quantize"] = quantize
+    if after != expected:
         return None
     return edited
 
 
 def unified(before, after, path):
     """A patch `git apply` and `patch -p1` take."""
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        f"a/{path}", f"b/{path}"))
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path}",
+                                 f"b/{path}")
+    return "".join(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n" for line in lines)

@@ -6,9 +6,9 @@ parent module: see grouped()) and an observer. The search:
   1. observers: no float layer, each observer the route offers (the recipe's own first). Any that passes ends it.
   2. walk: the top-k of the per-layer ranking (worst first), k = 1, 2, 4, 8 ... up to the ranking's length, with
      the recipe's observer (the ranking's), until one passes; if none does, the whole ranking with each other
-     observer, and the walk goes on with one that passes (the best SQNR). The ranking charges each layer with the error it
-     adds fed float inputs, so the consumer of a badly quantized tensor can rank above its producer (and a head
-     layer with a modest error above both): the first passing top-k often holds layers it does not need.
+     observer, and the walk goes on with one that passes (the best SQNR). The ranking charges each layer with the
+     error it adds fed float inputs, so the consumer of a badly quantized tensor can rank above its producer (and a
+     head layer with a modest error above both): the first passing top-k often holds layers it does not need.
   3. minimize: each layer of the passing set dropped in turn (one round); the layers whose drop still passes are
      dropped together (one candidate); if that fails, the best single drop is taken and the others are tried again.
      Assuming more float layers never hurt, the result is minimal: no single layer can be dropped.
