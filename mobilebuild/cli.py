@@ -164,7 +164,7 @@ def main(argv=None):
 
         return check_command(args[1:])
     if args[:1] == ["tune"]:
-        from mobilebuild.tune import tune_command
+        from mobilebuild.tune.command import tune_command
 
         return tune_command(args[1:])
     if args[:1] == ["validate"]:
