@@ -21,7 +21,8 @@ def test_fused_model_is_shared_and_each_target_gets_its_chain(tmp_path):
     assert sorted(nodes) == sorted([
         "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
         "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "verify:tiny-xnnpack", "verify:tiny-qnnpack",
-        "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny", "plot:tiny"])
+        "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "layers:tiny-qnnpack", "manifest:tiny",
+        "plot:tiny"])
     assert nodes["script:tiny-fp32"].inputs == {"model": "artifacts/tiny/fused.pt"}
     assert nodes["quantize:tiny-qnnpack"].inputs == {"model": "artifacts/tiny/fused.pt"}
     assert nodes["optimize:tiny-xnnpack"].output == "artifacts/tiny/tiny-xnnpack.ptl"

@@ -110,3 +110,19 @@ def test_the_build_writes_each_int8_targets_worst_layers_to_the_manifest_and_the
     project.write_recipe(tiny_recipe(targets=[{"backend": "qnnpack"}], verify={"layers": False}))
     listed = project.run("list", "--all")
     assert listed.returncode == 0 and "layers:" not in listed.stdout and "verify:tiny-qnnpack" in listed.stdout
+
+
+def test_a_layer_kept_float_by_quantize_exclude_is_no_longer_to_blame(tmp_path):
+    source = fused_model(tmp_path)
+    fused = fuse.load(str(tmp_path / "fused.pt"), SimpleNamespace(**source))
+    quantized = quantize.static(fused, "qnnpack", calibration.batches(CALIBRATION, INPUTS), specs=INPUTS,
+                                exclude=[BROKEN])
+    modeling.save(quantized.state_dict(), tmp_path / "quantized.pt")
+    quantization = {"mode": "static", "weights": None, "exclude": [BROKEN]}
+
+    eager = run_layers(tmp_path, layers_config("eager", source, engine="qnnpack", quantization=quantization),
+                       {"quantized": str(tmp_path / "quantized.pt")})
+    pt2e = run_layers(tmp_path, layers_config("pt2e", source, options={}, exclude=[BROKEN]), {})
+
+    for result in (eager, pt2e):
+        assert result["layers"][0]["sqnr_db"] > 25, result["layers"]

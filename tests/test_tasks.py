@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow  # incremental builds through real doit
 ALL_TASKS = sorted([
     "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
     "optimize:tiny-xnnpack", "optimize:tiny-qnnpack", "verify:tiny-xnnpack", "verify:tiny-qnnpack",
-    "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "manifest:tiny", "plot:tiny", "verified:tiny",
+    "bench:tiny-eager", "bench:tiny-xnnpack", "bench:tiny-qnnpack", "layers:tiny-qnnpack", "manifest:tiny", "plot:tiny",
+    "verified:tiny",
 ])
 
 
@@ -40,7 +41,7 @@ def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     project.write_recipe(changed)
     explained = project.run("info", "quantize:tiny-qnnpack").stdout  # before the build that follows
     assert "    - changed: config.calibration.batches: 16 -> 24 (args=[], kwargs={})" in explained
-    assert project.doit() == ["bench:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
+    assert project.doit() == ["bench:tiny-qnnpack", "layers:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
                               "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",
                               "verify:tiny-qnnpack"]
 

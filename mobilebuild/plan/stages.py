@@ -169,8 +169,8 @@ class LayersConfig:
     weights: str | None = None  # pt2e: quantize.weights
     options: dict | None = None  # pt2e: the delegate's options; onnx: opset
     outputs: list | None = None  # onnx: the output names
-    exclude: list | None = None  # pt2e: quantize.exclude
-    observer: str | None = None  # pt2e: quantize.observer
+    exclude: list | None = when_set()  # pt2e: quantize.exclude
+    observer: str | None = when_set()  # pt2e: quantize.observer
 
 
 @dataclass(frozen=True)
