@@ -316,7 +316,7 @@ class Session:
             return search.Outcome(error=f"{verify_task}: {verified.get('status')}: {verified.get('reason')}")
         missed = list(verified.get("failures") or []) if self.from_recipe else search.judge(found, self.goal)
         return search.Outcome(missed=missed, metrics=found, median_ms=timed.get("median_ms"),
-                              size_bytes=timed.get("artifact_bytes"))
+                              p90_ms=timed.get("p90_ms"), size_bytes=timed.get("artifact_bytes"))
 
     # --- output ----------------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 AT_LEAST = ("sqnr_db", "cosine", "top1_agreement")  # worker/metrics.py's, which imports torch
 AT_MOST = ("max_rel_error", "accuracy_drop")
-LATENCY_TIE = 0.03  # host medians within 3% of the fastest count as a tie: then the better SQNR wins
+LATENCY_TIE = 0.03  # host medians within 3% of the fastest (or its p90) count as a tie: then the better SQNR wins
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ class Outcome:
     missed: list = field(default_factory=list)  # one line per threshold missed
     metrics: dict | None = None
     median_ms: float | None = None
+    p90_ms: float | None = None  # the slow end of its timings: a median below another's is no faster
     size_bytes: int | None = None
     error: str | None = None  # its chain failed: the task and the build's one line
 
@@ -177,16 +178,18 @@ def plan(observers, ranking, budget, results):
 
 
 def winner(results):
-    """The passing candidate with the fewest float layers; among those the fastest host median (within
-    LATENCY_TIE), then the best SQNR. None when none passed."""
+    """The passing candidate with the fewest float layers; among those the fastest host median, then the best SQNR:
+    medians within LATENCY_TIE of the fastest one, or below its p90, are a tie (a model of a few microseconds timed
+    a few times has no faster observer). None when none passed."""
     passing = [c for c, outcome in results.items() if outcome.passed]
     if not passing:
         return None
     fewest = min(c.floats for c in passing)
     level = [c for c in passing if c.floats == fewest]
-    timed = [results[c].median_ms for c in level if results[c].median_ms is not None]
+    timed = [c for c in level if results[c].median_ms is not None]
     if timed:
-        limit = min(timed) * (1 + LATENCY_TIE)
+        fastest = results[min(timed, key=lambda c: results[c].median_ms)]
+        limit = max(fastest.median_ms * (1 + LATENCY_TIE), fastest.p90_ms or 0)
         level = [c for c in level if results[c].median_ms is None or results[c].median_ms <= limit] or level
     return max(level, key=lambda c: (results[c].sqnr, -(results[c].median_ms or 0)))
 
