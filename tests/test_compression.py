@@ -126,7 +126,8 @@ def test_a_pruned_and_a_dynamic_target_build_beside_the_plain_ones(project):
     targets[2]["prune"]["amount"] = 0.6  # one target's pruning: only its chain rebuilds
     project.write_recipe(tiny_recipe(targets=targets))
     assert project.doit() == ["bench:tiny-sparse", "fuse:tiny-sparse", "manifest:tiny", "optimize:tiny-sparse",
-                              "prune:tiny-sparse", "script:tiny-sparse", "verified:tiny", "verify:tiny-sparse"]
+                              "plot:tiny", "prune:tiny-sparse", "script:tiny-sparse", "verified:tiny",
+                              "verify:tiny-sparse"]
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     explained = project.run("info", "quantize:tiny-qnnpack").stdout  # before the build that follows
     assert "    - changed: config.calibration.batches: 16 -> 24 (args=[], kwargs={})" in explained
     assert project.doit() == ["bench:tiny-qnnpack", "layers:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
-                              "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",
+                              "plot:tiny", "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",
                               "verify:tiny-qnnpack"]
 
 
@@ -51,8 +51,8 @@ def test_changing_one_targets_blocklist_rebuilds_that_target_alone(project):
     project.doit()
     targets = [{"backend": "xnnpack", "optimize": {"blocklist": ["INSERT_FOLD_PREPACK_OPS"]}}, {"backend": "qnnpack"}]
     project.write_recipe(tiny_recipe(targets=targets))
-    assert project.doit() == ["bench:tiny-xnnpack", "manifest:tiny", "optimize:tiny-xnnpack", "verified:tiny",
-                              "verify:tiny-xnnpack"]
+    assert project.doit() == ["bench:tiny-xnnpack", "manifest:tiny", "optimize:tiny-xnnpack", "plot:tiny",
+                              "verified:tiny", "verify:tiny-xnnpack"]
 
 
 def test_changing_the_factory_source_rebuilds_from_the_checkpoint(project):
