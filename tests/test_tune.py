@@ -55,6 +55,22 @@ def test_the_search_finds_the_broken_block_and_nothing_more_within_the_budget():
     assert [c.exclude for c in rounds[3]] == [("fc", "broken", "head")]  # the top 4, the block's two grouped
 
 
+def test_the_walk_also_tries_the_observer_that_did_best_alone():
+    """MobileNetV2 (random weights) on ExecuTorch: minmax alone gives 17 dB but top-1 agreement 0.09; its classifier
+    float gives 0.92 but 14 dB with the recipe's histogram. Both together pass, with one float layer."""
+    def mobilenet(candidate):
+        sqnr = 17.1 if candidate.observer == "minmax" else 13.7
+        top1 = 0.92 if "classifier" in candidate.exclude else 0.09
+        missed = [f"sqnr_db {sqnr} < 15"] * (sqnr < 15) + [f"top1_agreement {top1} < 0.8"] * (top1 < 0.8)
+        return search.Outcome(missed=missed, metrics={"sqnr_db": sqnr}, median_ms=2.0 + candidate.floats,
+                              size_bytes=1000)
+
+    results, rounds, _ = run_search(mobilenet, ranking=["classifier", "features.7.conv", "features.15.conv"])
+    chosen = search.winner(results)
+    assert (chosen.exclude, chosen.observer, chosen.floats) == (("classifier",), "minmax", 1)
+    assert [len(batch) for batch in rounds][:2] == [3, 2]  # the observers, then k = 1 with histogram and minmax
+
+
 def test_the_search_stops_at_the_first_round_when_an_observer_alone_meets_the_goal():
     def minmax_is_enough(candidate):
         fine = candidate.observer == "minmax"
@@ -99,7 +115,10 @@ def test_ties_in_latency_go_to_the_better_sqnr():
 
 def test_neighbours_are_grouped_into_their_parent_module():
     assert search.grouped(["fc", "broken.1", "head", "broken.0"]) == ("fc", "broken", "head")
-    assert search.grouped(["a.b.0", "a.b.1", "a.c"]) == ("a",)  # until no two share a parent
+    # one level: scattered layers of a backbone never become the whole backbone
+    assert search.grouped(["a.b.0", "a.b.1", "a.c"]) == ("a.b", "a.c")
+    assert search.grouped(["features.7.conv.1", "features.7.conv.0", "features.8.conv.1"]) == (
+        "features.7.conv", "features.8.conv.1")
     assert search.grouped(["fc", "head"]) == ("fc", "head")  # the model itself is no candidate
     assert search.grouped(["broken", "broken.0"]) == ("broken",)
     assert search.candidate(["broken.1", "broken.0"], None, RANKING).floats == 2

@@ -5,8 +5,10 @@ A candidate is a set of layers kept float (`quantize.exclude`, in ranking order,
 parent module: see grouped()) and an observer. The search:
   1. observers: no float layer, each observer the route offers (the recipe's own first). Any that passes ends it.
   2. walk: the top-k of the per-layer ranking (worst first), k = 1, 2, 4, 8 ... up to the ranking's length, with
-     the recipe's observer (the ranking's), until one passes; if none does, the whole ranking with each other
-     observer, and the walk goes on with one that passes (the best SQNR). The ranking charges each layer with the
+     the recipe's observer (the ranking's) and, where another gave a better SQNR in step 1, with that one too, until
+     one passes (MobileNetV2 on ExecuTorch: its classifier float restores top-1 agreement, minmax the SQNR; neither
+     alone passes); if none does, the whole ranking with each other observer, and the walk goes on with one that
+     passes (the best SQNR). The ranking charges each layer with the
      error it adds fed float inputs, so the consumer of a badly quantized tensor can rank above its producer (and a
      head layer with a modest error above both): the first passing top-k often holds layers it does not need.
   3. minimize: each layer of the passing set dropped in turn (one round); the layers whose drop still passes are
@@ -33,16 +35,14 @@ class Candidate:
 
 def grouped(names):
     """Layers that share a parent module, the parent in their place (`broken.0`, `broken.1` -> `broken`), at the
-    first one's place, until no two share one; and nothing inside another entry. Eager mode keeps each excluded
-    module float between a DeQuantStub and a QuantStub of its own, so two neighbours excluded one by one still pass
-    the tensor between them through int8; their parent keeps it float (FX, PT2E and ONNX Runtime alike)."""
+    first one's place; and nothing inside another entry. Eager mode keeps each excluded module float between a
+    DeQuantStub and a QuantStub of its own, so two neighbours excluded one by one still pass the tensor between them
+    through int8; their parent keeps it float (FX, PT2E and ONNX Runtime alike). One level only: grouped again and
+    again, MobileNetV2's 16 worst layers, spread over its blocks, became `features`, the whole backbone float."""
     names = list(dict.fromkeys(names))
-    while True:
-        parents = [name.rpartition(".")[0] for name in names]
-        shared = {parent for parent in parents if parent and parents.count(parent) >= 2}
-        if not shared:
-            break
-        names = list(dict.fromkeys(parent if parent in shared else name for name, parent in zip(names, parents)))
+    parents = [name.rpartition(".")[0] for name in names]
+    shared = {parent for parent in parents if parent and parents.count(parent) >= 2}
+    names = list(dict.fromkeys(parent if parent in shared else name for name, parent in zip(names, parents)))
     return tuple(name for name in names if not any(name.startswith(other + ".") for other in names))
 
 
@@ -122,18 +122,23 @@ def plan(observers, ranking, budget, results):
         return
     names = list(ranking())
     walker = observers[0]  # the observer the ranking was measured with
+    measured = [observer for observer in observers if Candidate((), observer) in results]
+    best = max(measured, key=lambda observer: results[Candidate((), observer)].sqnr, default=walker)
+    walkers = [walker] + ([best] if best != walker and results[Candidate((), best)].sqnr >
+                          results[Candidate((), walker)].sqnr else [])
 
     def make(layers, observer=None):
         return candidate(layers, observer or walker, names)
 
     found = None
     for k in steps(len(names)):
-        trial = make(names[:k])
-        batch = fresh([trial])
+        trials = [make(names[:k], observer) for observer in walkers]
+        batch = fresh(trials)
         if batch:
             yield batch
-        if passes(trial):
-            found = names[:k]
+        passing = [trial for trial in trials if passes(trial)]
+        if passing:
+            walker, found = max(passing, key=lambda trial: results[trial].sqnr).observer, names[:k]
             break
         if spent >= budget:
             return
