@@ -224,13 +224,14 @@ def task_invalid():
 
 def task_render_report():
     """artifacts/report.md and report.html with tables and plots, from every recipe's manifest (`doit report`
-    rewrites them without building anything); invalid recipes are listed as not built, with their problems."""
-    manifests = [n.output for n in project_nodes(os.getcwd()) if n.stage == "manifest"]
+    rewrites them without building anything); invalid recipes are listed as not built, with their problems. The
+    plots it links are its inputs too: `doit render_report` alone never links a figure not drawn yet."""
+    results = [n.output for n in project_nodes(os.getcwd()) if n.stage in ("manifest", "plot")]
     invalid = invalid_recipes(os.getcwd())
     return {
         "actions": [(write_report, [invalid])],
         "io": output_capture(),
-        "file_dep": manifests,
+        "file_dep": results,
         "uptodate": [config_changed({"invalid": invalid})],
         "targets": REPORT_TARGETS,
         "clean": [(clean_output, [path]) for path in REPORT_TARGETS] + [(clean_plots, [])],
