@@ -233,6 +233,8 @@ def quantize(chain):
     elif settings["mode"] == "qat":
         inputs["trained"] = settings["checkpoint"]
     name = f"{recipe.name}-{chain.target.id}" if chain.own_quantization else f"{recipe.name}-{route.engine}"
+    if chain.own_quantization and chain.target.id == route.engine:  # not the engine's shared node (NNAPI's)
+        name += "-own"
     exclude, observer = chain.quantize_options()
     config = stages.QuantizeConfig(engine=route.engine, mode=settings["mode"], weights=settings.get("weights"),
                                    inputs=recipe.inputs, model=chain.source, fuse=recipe.fuse, calibration=calibration,

@@ -102,7 +102,8 @@ def prepared(model, engine, qconfig, specs=None, exclude=()):
     (exclusion.resolve's paths) stay float, each between stubs of its own."""
     use_engine(engine)
     model = _with_stubs(model.eval(), specs).eval()
-    exclusion.islands(model.module if isinstance(model, tq.QuantWrapper) else model, exclude)
+    exclusion.islands(model.module if isinstance(model, tq.QuantWrapper) else model, exclude,
+                      model if specs else None, modeling.example_inputs(specs) if specs and exclude else ())
     model.qconfig = qconfig
     return tq.prepare(model, inplace=True)
 
