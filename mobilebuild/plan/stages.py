@@ -208,12 +208,10 @@ class PlotConfig:
 
 def as_json(settings):
     """A stage's settings as the JSON-able dict that keys its node and travels to the worker (which gives the
-    settings left out their defaults)."""
-    found = dataclasses.asdict(settings)
-    for setting in dataclasses.fields(settings):
-        if setting.metadata.get("keyed_when_set") and found[setting.name] == setting.default:
-            del found[setting.name]
-    return found
+    settings left out their defaults). The values are the recipe's JSON values, shared rather than copied:
+    dataclasses.asdict's deep copies were a quarter of an up-to-date build's time (60 recipes, 1561 tasks)."""
+    return {setting.name: getattr(settings, setting.name) for setting in dataclasses.fields(settings)
+            if not (setting.metadata.get("keyed_when_set") and getattr(settings, setting.name) == setting.default)}
 
 
 def type_path(cls):
