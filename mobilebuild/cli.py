@@ -134,24 +134,11 @@ def cache_command(args):
 
 def build_on_dask(address, args):
     """doit in threads, one per Dask worker thread, each handing its node to the cluster (distributed.py)."""
-    from distributed import Client, LocalCluster
-
-    cluster = None
-    if address == "local":
-        cluster = LocalCluster(n_workers=os.cpu_count(), threads_per_worker=1, processes=True,
-                               dashboard_address=None)
-        address = cluster.scheduler_address
-    os.environ[distributed.ADDRESS_VARIABLE] = address
-    try:
-        with Client(address) as client:
-            slots = sum(client.nthreads().values())
+    with distributed.cluster(address) as slots:
         rest = args[1:] if args[:1] == ["build"] else args
         if not {"-n", "--process"} & set(rest):
-            rest = ["-n", str(max(slots, 1)), *rest]
+            rest = ["-n", str(slots), *rest]
         return run_doit(["run", "-P", "thread", *rest])  # no task named: doit runs the default, build
-    finally:
-        if cluster is not None:
-            cluster.close()
 
 
 def main(argv=None):

@@ -13,6 +13,7 @@ No dask import until a build asks for it: the task layer must stay fast.
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 ADDRESS_VARIABLE = "MOBILEBUILD_DASK"  # set by `mobilebuild build --dask`; read by every doit process and thread
@@ -22,6 +23,27 @@ _clients = {}
 
 def address():
     return os.environ.get(ADDRESS_VARIABLE) or None
+
+
+@contextmanager
+def cluster(at):
+    """The Dask scheduler at `at`, or a LocalCluster of one worker process per core (`local`), named in the
+    environment for the build's nodes while the block runs; yields how many worker threads it has (at least 1)."""
+    from distributed import Client, LocalCluster
+
+    local = None
+    if at == "local":
+        local = LocalCluster(n_workers=os.cpu_count(), threads_per_worker=1, processes=True, dashboard_address=None)
+        at = local.scheduler_address
+    os.environ[ADDRESS_VARIABLE] = at
+    try:
+        with Client(at) as scheduler:
+            slots = sum(scheduler.nthreads().values())
+        yield max(slots, 1)
+    finally:
+        os.environ.pop(ADDRESS_VARIABLE, None)
+        if local is not None:
+            local.close()
 
 
 def client():

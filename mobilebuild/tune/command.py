@@ -26,6 +26,7 @@ from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import graph, recipe, routes
 from mobilebuild.tune import patch, search
+from mobilebuild.worker import metrics  # thresholds only: no torch there
 
 TUNE_DIR = ".mobilebuild/tune"  # ignored scratch (.gitignore: .mobilebuild/)
 SUFFIX = ".tune"  # the generated recipe's name: recipe names take letters, digits, '_' and '.'
@@ -98,23 +99,10 @@ def _dask(address):
     if not address:
         yield None
         return
-    from distributed import Client, LocalCluster
-
     from mobilebuild.build import distributed
 
-    cluster = None
-    if address == "local":
-        cluster = LocalCluster(n_workers=os.cpu_count(), threads_per_worker=1, processes=True, dashboard_address=None)
-        address = cluster.scheduler_address
-    os.environ[distributed.ADDRESS_VARIABLE] = address
-    try:
-        with Client(address) as client:
-            slots = sum(client.nthreads().values())
-        yield max(slots, 1)
-    finally:
-        os.environ.pop(distributed.ADDRESS_VARIABLE, None)
-        if cluster is not None:
-            cluster.close()
+    with distributed.cluster(address) as slots:
+        yield slots
 
 
 def parse_goal(values, thresholds, explicit):
@@ -314,7 +302,7 @@ class Session:
         found = verified.get("metrics")
         if found is None:
             return search.Outcome(error=f"{verify_task}: {verified.get('status')}: {verified.get('reason')}")
-        missed = list(verified.get("failures") or []) if self.from_recipe else search.judge(found, self.goal)
+        missed = list(verified.get("failures") or []) if self.from_recipe else metrics.failures(found, self.goal)
         return search.Outcome(missed=missed, metrics=found, median_ms=timed.get("median_ms"),
                               p90_ms=timed.get("p90_ms"), size_bytes=timed.get("artifact_bytes"))
 
@@ -353,7 +341,7 @@ class Session:
         started = time.perf_counter()
         os.environ[recipe.EXTRA_RECIPES_VARIABLE] = os.pathsep.join(
             filter(None, [os.environ.get(recipe.EXTRA_RECIPES_VARIABLE), self.tune_file]))
-        goal = ", ".join(f"{name} {'>=' if name in search.AT_LEAST else '<='} {value:g}"
+        goal = ", ".join(f"{name} {'>=' if name in metrics.AT_LEAST else '<='} {value:g}"
                          for name, value in sorted(self.goal.items()) if value is not None)
         origin = "verify.thresholds.int8" if self.from_recipe else "--goal"
         print(f"tuning {self.recipe.file} {self.target.id} ({self.route.backend}, {self.route.runtime}, int8): "

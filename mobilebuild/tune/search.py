@@ -21,8 +21,6 @@ Every round only holds candidates not built before, and no more than the budget 
 
 from dataclasses import dataclass, field
 
-AT_LEAST = ("sqnr_db", "cosine", "top1_agreement")  # worker/metrics.py's, which imports torch
-AT_MOST = ("max_rel_error", "accuracy_drop")
 LATENCY_TIE = 0.03  # host medians within 3% of the fastest (or its p90) count as a tie: then the better SQNR wins
 
 
@@ -73,21 +71,6 @@ class Outcome:
     def sqnr(self):
         value = (self.metrics or {}).get("sqnr_db")
         return float("-inf") if value is None else value
-
-
-def judge(found, goal):
-    """One line per threshold of `goal` that the metrics `found` miss; a metric that does not apply (None) is not
-    judged, as verify does."""
-    missed = []
-    for name, limit in sorted(goal.items()):
-        value = (found or {}).get(name)
-        if value is None:
-            continue
-        if name in AT_LEAST and not value >= limit:
-            missed.append(f"{name} {value:.4g} < {limit:g}")
-        elif name in AT_MOST and not value <= limit:
-            missed.append(f"{name} {value:.4g} > {limit:g}")
-    return missed
 
 
 def steps(length):
