@@ -32,7 +32,7 @@ def draw_all(artifacts_dir):
     """Every recipe's figure from its manifest, outside a build (`mobilebuild report`); returns how many."""
     manifests = report.load_manifests(artifacts_dir)
     for manifest in manifests:
-        recipe = str(manifest.get("recipe") or "unnamed")
+        recipe = report.recipe_name(manifest)
         path = Path(artifacts_dir) / report.PLOTS_DIR / report.plot_name(recipe)
         store.write_bytes(path, draw(recipe, report.table_rows(manifest)))
     return len(manifests)

@@ -287,7 +287,7 @@ class Report:
     sections: list[Section]
 
 
-def _recipe_name(manifest):
+def recipe_name(manifest):
     return str(_get(manifest, "recipe") or "unnamed")
 
 
@@ -428,7 +428,8 @@ def recommend(rows):
     eager, targets = rows[0], rows[1:]
     if not targets:
         return []
-    candidates = sorted((row for row in targets if shortfall(row) is None), key=lambda row: row.median_ms)
+    why = {row.label: shortfall(row) for row in targets}  # None: a candidate
+    candidates = sorted((row for row in targets if why[row.label] is None), key=lambda row: row.median_ms)
     lines = []
     if candidates:
         best = candidates[0]
@@ -447,10 +448,10 @@ def recommend(rows):
         lines.append("Nothing to ship yet: no artifact verified on this host passes the default thresholds.")
         limit = math.inf
     left_out = [row for row in targets if row.median_ms is not None and row.median_ms < limit
-                and shortfall(row) is not None]
+                and why[row.label] is not None]
     if left_out:
         lines.append(("Faster, but left out: " if candidates else "Left out: ") + "; ".join(
-            f"{row.label} ({two_or_three_decimals(row.median_ms)} ms): {shortfall(row)}"
+            f"{row.label} ({two_or_three_decimals(row.median_ms)} ms): {why[row.label]}"
             for row in sorted(left_out, key=lambda row: row.median_ms)) + ".")
     device = [row for row in targets if row.state == "not run on host"]
     if device:
@@ -577,7 +578,7 @@ def _device(device):
 
 
 def _section(manifest):
-    recipe = _recipe_name(manifest)
+    recipe = recipe_name(manifest)
     rows = table_rows(manifest)
     about = []
     if _get(manifest, "recipe_file") or _get(manifest, "recipe_sha256"):
@@ -890,7 +891,7 @@ def load_manifests(artifacts_dir):
                   file=sys.stderr)
             continue
         found.append(manifest)
-    return sorted(found, key=_recipe_name)
+    return sorted(found, key=recipe_name)
 
 
 def main(artifacts_dir="artifacts", unbuilt=None):
@@ -898,7 +899,7 @@ def main(artifacts_dir="artifacts", unbuilt=None):
     manifests, if any, are left out: they describe an earlier build."""
     unbuilt = unbuilt or {}
     manifests = [m for m in load_manifests(artifacts_dir)
-                 if _recipe_name(m) not in unbuilt and m.get("recipe_file") not in unbuilt]
+                 if recipe_name(m) not in unbuilt and m.get("recipe_file") not in unbuilt]
     if not manifests and not unbuilt:
         print(f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)", file=sys.stderr)
         return 2
