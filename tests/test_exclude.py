@@ -10,12 +10,11 @@ from types import SimpleNamespace
 import onnx
 import pytest
 import torch
-import yaml
 from conftest import tiny_recipe
+from test_graph import nodes_for
 from tiny_models import stored_fused
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import graph, recipe
 from mobilebuild.plan.stages import ExportConfig, LowerConfig, QuantizeConfig
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.stages import exclusion, export, fuse, lower, modeling, quantize
@@ -267,12 +266,6 @@ def test_executorch_observers_replace_the_xnnpack_quantizers_own(tmp_path, outli
 
 
 # --- the recipe: per-route choices, and keys --------------------------------------------------------------------
-
-def nodes_for(root, data):
-    (root / "recipes").mkdir(parents=True, exist_ok=True)
-    (root / "recipes" / "r.yaml").write_text(yaml.safe_dump(data))
-    return {n.task_name: n for n in graph.build(recipe.load_all(root), root)}
-
 
 INT8_TARGETS = [{"backend": "xnnpack"}, {"backend": "qnnpack"},
                 {"backend": "xnnpack", "runtime": "executorch", "precision": "int8"},

@@ -1,5 +1,6 @@
 """Recipes -> nodes: merged where identical, keyed on what they use, and clear about unbuildable targets."""
 
+import dataclasses
 import re
 
 import pytest
@@ -11,9 +12,28 @@ from mobilebuild.plan import graph, recipe
 
 
 def nodes_for(root, data):
-    (root / "recipes").mkdir(exist_ok=True)
+    (root / "recipes").mkdir(parents=True, exist_ok=True)
     (root / "recipes" / "r.yaml").write_text(yaml.safe_dump(data))
     return {n.task_name: n for n in graph.build(recipe.load_all(root), root)}
+
+
+def test_a_targets_own_quantization_never_takes_the_engines_shared_node(tmp_path):
+    """qnnpack with its own quantize settings beside NNAPI on the recipe's: both named after the engine, one used to
+    replace the other, and the qnnpack target was scripted from NNAPI's stored state."""
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "qnnpack", "quantize": {"observer": "minmax"}},
+                                                     {"backend": "nnapi", "nnapi": {"mode": "full"}}]))
+    own, shared = nodes["quantize:tiny-qnnpack-own"], nodes["quantize:tiny-qnnpack"]
+    assert own.config["observer"] == "minmax" and "observer" not in shared.config
+    assert nodes["script:tiny-qnnpack"].inputs["quantized"] == own.output != shared.output
+    assert nodes["nnapi:tiny-nnapi"].inputs["quantized"] == shared.output
+
+
+def test_two_different_nodes_under_one_name_are_a_bug_not_a_merge(tmp_path):
+    node = nodes_for(tmp_path, tiny_recipe())["quantize:tiny-qnnpack"]
+    other = dataclasses.replace(node, settings=dataclasses.replace(node.settings, observer="minmax"))
+    assert graph._merged([node, node]) == {node.task_name: node}
+    with pytest.raises(AssertionError, match="two different nodes are both quantize:tiny-qnnpack"):
+        graph._merged([node, other])
 
 
 def test_fused_model_is_shared_and_each_target_gets_its_chain(tmp_path):

@@ -111,7 +111,7 @@ def recipe_nodes(recipe, root):
     if problems:
         raise RecipeErrors(problems)
 
-    artifacts = list({node.task_name: node for node in nodes}.values())
+    artifacts = list(_merged(nodes).values())
     manifest = Node(
         "manifest", recipe.name,
         settings=stages.ManifestConfig(
@@ -125,6 +125,18 @@ def recipe_nodes(recipe, root):
     plot = Node("plot", recipe.name, settings=stages.PlotConfig(recipe=recipe.name),
                 inputs={"manifest": manifest.output}, output=f"{ARTIFACTS_DIR}/plots/{recipe.name}.png", **common)
     return artifacts + results + [manifest, plot]
+
+
+def _merged(nodes):
+    """{task name: node}, a node the chains of several targets share once. Two different nodes under one name would
+    leave one target built from the other's settings (a target's own quantization named like its engine's shared
+    one did): a bug of ours."""
+    found = {}
+    for node in nodes:
+        same = found.setdefault(node.task_name, node)
+        if (same.key(), same.inputs, same.output) != (node.key(), node.inputs, node.output):
+            raise AssertionError(f"two different nodes are both {node.task_name}")
+    return found
 
 
 def fixed_shape(recipe, route, precision):
