@@ -164,6 +164,10 @@ def test_the_patch_replaces_or_adds_the_section_in_any_layout(text, expected):
     assert patch.edit(text, 0, {"mode": "static", "exclude": ["a"]}) == expected
 
 
+def test_a_winner_with_the_recipes_own_settings_needs_no_patch():
+    assert patch.edit(RECIPE_TEXT, 1, {}) == RECIPE_TEXT  # not an empty `quantize: {}` added
+
+
 def test_an_aliased_target_gets_no_patch():
     text = "base: &t {backend: qnnpack}\ntargets: [*t, *t]\n"
     assert patch.edit(text, 0, {"exclude": ["a"]}) is None

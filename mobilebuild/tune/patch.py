@@ -47,6 +47,8 @@ def edit(text, index, quantize):
     pairs = {key.value: (key, value) for key, value in entry.value}
     if "<<" in pairs:
         return None
+    if "quantize" not in pairs and not quantize:
+        return text  # the recipe's own settings won: an empty section would change nothing
     line = f"quantize: {flow(quantize)}"
     if "quantize" in pairs:
         key, value = pairs["quantize"]
