@@ -2,6 +2,7 @@
 recipe grammar, example data, user batches, and each stage and runtime at the dims' smallest and largest sizes."""
 
 import copy
+import json
 import os
 import textwrap
 from types import SimpleNamespace
@@ -9,11 +10,12 @@ from types import SimpleNamespace
 import onnx
 import pytest
 import torch
+from tiny_models import stored_fused
 from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import graph, recipe, routes
+from mobilebuild.plan import graph, recipe, routes, stages
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import executorch as et_runtime
 from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
@@ -155,8 +157,11 @@ def test_a_dims_example_defaults_to_its_min_and_never_to_one(tmp_path):
      "dims.seq: no input shape names this dim"),
     ("inputs: [{shape: [1, 2]}]", "inputs[0]: missing required key 'name'"),
     ("input: {shape: [1]}\ninputs: [{name: a, shape: [1]}]", "(top level): expected exactly one of 'input'"),
-    ("inputs: [{name: a, shape: [1, 3, 4, 4], memory_format: channels_last}, {name: b, shape: [1]}]",
-     "inputs[0].memory_format: memory_format channels_last is supported for a model with one input"),
+    ("inputs: [{name: a, shape: [1, 3, 4, 4], memory_format: channels_last}, {name: b, shape: [1, 4], "
+     "memory_format: channels_last}]",
+     "inputs[1].memory_format: channels_last is a layout of 4-D inputs (N, C, H, W); this one has 2 dimension(s)"),
+    ("input: {shape: [1, seq], memory_format: channels_last}\ndims: {seq: {min: 2, max: 4}}",
+     "input.memory_format: channels_last is a layout of 4-D inputs"),
 ])
 def test_grammar_mistakes_are_one_line_each(tmp_path, text, expected):
     body = "name: m\nmodel: {torchvision: mobilenet_v2}\ntargets: [{backend: xnnpack}]\n" + text
@@ -164,6 +169,18 @@ def test_grammar_mistakes_are_one_line_each(tmp_path, text, expected):
         load(tmp_path, body)
     lines = [str(error) for error in caught.value.errors]
     assert any(expected in line and line.startswith("recipes/m.yaml: ") and "\n" not in line for line in lines), lines
+
+
+def test_channels_last_is_per_input(tmp_path):
+    loaded = load(tmp_path, """
+        name: m
+        model: {torchvision: mobilenet_v2}
+        inputs:
+          - {name: image, shape: [1, 3, 8, 8], memory_format: channels_last}
+          - {name: side, shape: [1, 4]}
+        targets: [{backend: xnnpack}]
+    """)
+    assert [spec["memory_format"] for spec in loaded.inputs] == ["channels_last", "contiguous"]
 
 
 def test_routes_that_fix_the_example_sizes_say_so_naming_the_dim(tmp_path):
@@ -267,6 +284,40 @@ def test_torchscript_takes_every_input_and_scripting_keeps_the_dims(tmp_path, mo
     optimized._save_for_lite_interpreter(str(path))
     lite = _load_for_lite_interpreter(str(path))
     assert_matches(model, lite, TEXT, sizes=("min", "example", "max") if mode == "script" else ("example",))
+
+
+NHWC_IMAGE = [{**IMAGE, "memory_format": "channels_last"}, SIDE]  # channels_last on one of two inputs
+
+
+@pytest.mark.parametrize("mode", ["script", "trace"])
+def test_channels_last_on_one_of_two_inputs_builds_and_verifies_for_xnnpack(tmp_path, mode):
+    """The script stage converts the channels_last input alone; the .ptl verifies against eager fp32 on the
+    verify stage's own inputs (the image channels_last, the side vector as it is)."""
+    torch.manual_seed(0)
+    source = stored_fused(two_model(), tmp_path / "fused.pt", factory="test_multi_input:two_model")
+    modeling.save(two_model().state_dict(), tmp_path / "checkpoint.pt")
+    script.run({"model": tmp_path / "fused.pt"},
+               stages.ScriptConfig(mode=mode, precision="fp32", engine=None, quantization=None, inputs=NHWC_IMAGE,
+                                   **source), tmp_path / "scripted.pt")
+    graph = torch.jit.load(tmp_path / "scripted.pt").inlined_graph
+    converted = [node for node in graph.nodes() if node.kind() == "aten::contiguous"]
+    image = list(graph.inputs())[1]  # after self
+    assert len(converted) == 1 and converted[0].inputsAt(0).debugName() == image.debugName()
+    path = tmp_path / "m.ptl"
+    optimize.run({"scripted": tmp_path / "scripted.pt"},
+                 stages.OptimizeConfig(backend="xnnpack", engine=None, script_mode=mode, inputs=NHWC_IMAGE,
+                                       options={"blocklist": [], "preserved_methods": [], "bundled_inputs": True}),
+                 path)
+    lite = _load_for_lite_interpreter(str(path))
+    assert [tuple(x.shape) for x in lite.run_method("get_all_bundled_inputs")[0]] == [(1, 3, 8, 8), (1, 4)]
+    assert_matches(two_model(), lite, NHWC_IMAGE, sizes=("example",))
+    config = stages.VerifyConfig(
+        runtime="pytorch-mobile", runtime_module="mobilebuild.worker.runtimes.pytorch_mobile", engine=None,
+        inputs=NHWC_IMAGE, runs_on_host=True, host_reason=None, model={"factory": "test_multi_input:two_model"},
+        precision="fp32", pruning=None, samples=4, seed=0, thresholds={"sqnr_db": 40.0})
+    verify.run({"artifact": path, "checkpoint": tmp_path / "checkpoint.pt"}, config, tmp_path / "verify.json")
+    result = json.loads((tmp_path / "verify.json").read_text())
+    assert result["status"] == "passed" and result["metrics"]["sqnr_db"] > 100, result
 
 
 def test_dynamic_int8_keeps_integer_inputs_and_every_size():

@@ -335,9 +335,10 @@ def input_specs(data, file, problems):
                 field=f"{where(index)}.name"))
         seen[spec["name"]] = index
         problems.extend(input_problems(spec, file, where(index)))
-        if spec["memory_format"] == "channels_last" and len(listed) > 1:
-            problems.append(MobileBuildError("memory_format channels_last is supported for a model with one input",
-                                             file=file, field=f"{where(index)}.memory_format"))
+        if spec["memory_format"] == "channels_last" and len(spec["shape"]) != 4:
+            problems.append(MobileBuildError(
+                f"channels_last is a layout of 4-D inputs (N, C, H, W); this one has {len(spec['shape'])} "
+                "dimension(s): leave it contiguous", file=file, field=f"{where(index)}.memory_format"))
         dynamic, shape = [], []
         for axis, size in enumerate(spec["shape"]):
             if isinstance(size, int):

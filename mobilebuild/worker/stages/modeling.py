@@ -332,3 +332,13 @@ def save(obj, path):
             if isinstance(exc.__context__, OSError):  # the writer's complaint while unwinding from the failed write
                 raise exc.__context__ from None
             raise
+
+
+def parameter_names(specs):
+    """forward's parameter names for a wrapper defined from a string: the inputs' names (identifiers, by the
+    schema), or arg_<i> for one that TorchScript's source would read as something else (a keyword, self, torch)."""
+    import keyword
+
+    reserved = {"self", "torch", "Tensor", "List", "Tuple", "Dict", "Optional"}
+    return [spec["name"] if spec["name"] not in reserved and not keyword.iskeyword(spec["name"]) else f"arg_{index}"
+            for index, spec in enumerate(specs)]
