@@ -157,3 +157,35 @@ def test_a_qat_checkpoint_trained_on_digits_converts_and_verifies(project):
     verification = json.loads(project.artifact("tiny/manifest.json").read_text())["verification"]["qnnpack"]
     assert verification["status"] == "passed"
     assert verification["metrics"]["accuracy_artifact"] > 0.9
+
+
+@pytest.mark.slow
+def test_dynamic_int8_targets_on_executorch_and_onnx_build_and_say_so(project):
+    """quantize.mode: dynamic on the routes whose final stage quantizes: built without calibration, verified at each
+    size of the dynamic dim, and recorded as dynamic in the manifest and the report."""
+    import inspect
+
+    (project.root / "tinytext.py").write_text("import torch\nfrom torch import nn\n\n\n"
+                                              + inspect.getsource(tiny_models.TinyTransformer)
+                                              + "\n\ndef make():\n    return TinyTransformer()\n")
+    dynamic = {"mode": "dynamic"}
+    recipe = tiny_recipe(model={"factory": "tinytext:make", "seed": 0},
+                         inputs=[{"name": "ids", "shape": [1, "seq"], "dtype": "int64", "range": [0, 100]}],
+                         dims={"seq": {"min": 4, "max": 32, "example": 16}},
+                         targets=[{"backend": "xnnpack", "runtime": "executorch", "precision": "int8",
+                                   "name": "et-dyn", "quantize": dynamic},
+                                  {"backend": "onnx", "precision": "int8", "name": "onnx-dyn", "quantize": dynamic}])
+    del recipe["input"]
+    project.write_recipe(recipe)
+    executed = project.doit()
+    assert {"lower:tiny-et-dyn", "export:tiny-onnx-dyn", "layers:tiny-et-dyn", "layers:tiny-onnx-dyn"} <= set(executed)
+    manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
+    for target in manifest["targets"]:
+        assert target["status"] == "passed", target
+        assert target["quantization"] == {"mode": "dynamic", "weights": None} and target["fixed_shape"] is None
+        result = manifest["verification"][target["target"]]
+        assert not result.get("calibrated") and result["metrics"]["sqnr_db"] > 35
+        assert set(result["sizes"]) == {"min", "example", "max"}, result  # its dims kept
+        assert not manifest["layers"][target["target"]].get("error")
+    report = project.artifact("report.md").read_text()
+    assert "| et-dyn | dynamic |" in report and "| onnx-dyn | dynamic |" in report  # the compression column

@@ -105,8 +105,9 @@ def test_targets_this_version_cannot_build_fail_clearly(tmp_path, target):
 @pytest.mark.parametrize(("target", "field", "message"), [
     ({"backend": "qnnpack", "precision": "fp32"}, "targets[1].precision", "expected one of int8"),
     ({"backend": "nnapi", "precision": "int8"}, "targets[1].precision", "NNAPI takes its precision from nnapi.mode"),
-    ({"backend": "onnx", "precision": "int8", "quantize": {"mode": "dynamic"}}, "targets[1].quantize.mode",
-     "expected mode 'static'"),
+    ({"backend": "xnnpack", "runtime": "executorch", "precision": "int8", "executorch": {"delegate": "coreml"},
+      "quantize": {"mode": "dynamic"}}, "targets[1].quantize.mode",
+     "the coreml delegate's int8 recipe is static \\(calibrated\\): mode 'dynamic' is xnnpack's"),
 ])
 def test_precision_a_route_cannot_give_is_reported(tmp_path, target, field, message):
     with pytest.raises(RecipeErrors, match=rf"recipes/r.yaml: {re.escape(field)}: .*{message}"):
@@ -132,3 +133,78 @@ def test_each_route_takes_its_own_chain(tmp_path):
     assert not nodes["verify:tiny-vulkan"].config["runs_on_host"]
     assert nodes["verify:tiny-et-int8"].config["runtime"] == "executorch"
     assert not any(name.startswith("quantize:") and "onnx" in name for name in nodes)
+
+
+# --- quantize.mode: dynamic on the routes whose final stage quantizes (ExecuTorch XNNPACK, ONNX Runtime) -----------
+
+FINAL_INT8 = [{"backend": "xnnpack", "runtime": "executorch", "precision": "int8", "name": "et-int8"},
+              {"backend": "onnx", "precision": "int8", "name": "onnx-int8"}]
+TINY_INPUTS = [{"dtype": "float32", "memory_format": "contiguous", "name": "input", "shape": [1, 3, 8, 8]}]
+TINY_SOURCE = {"factory": "tinynet:make", "kwargs": {}, "quantizable": False}
+TINY_CALIBRATION = {"batches": 16, "kwargs": {}, "seed": 0, "source": "random"}
+
+
+def test_static_int8_on_executorch_and_onnx_keeps_its_node_keys(tmp_path):
+    """The settings JSON that keys the static lower and export nodes, as it was before dynamic mode came: unchanged,
+    so static recipes keep their up-to-date state and their shared-cache entries (`mode` is keyed only where set)."""
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=FINAL_INT8))
+    common = {"calibration": TINY_CALIBRATION, "fuse": "auto", "inputs": TINY_INPUTS, "model": TINY_SOURCE,
+              "options": {}, "precision": "int8", "weights": None}
+    assert nodes["lower:tiny-et-int8"].config == {**common, "delegate": "xnnpack"}
+    assert nodes["export:tiny-onnx-int8"].config == {**common, "outputs": None}
+    assert "mode" not in nodes["layers:tiny-et-int8"].config
+
+
+def test_dynamic_int8_on_executorch_and_onnx_reads_no_calibration(tmp_path):
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "a.png").write_bytes(b"x")
+    dynamic = [{**target, "name": f"{target['name']}-dyn", "quantize": {"mode": "dynamic", "exclude": ["conv"]}}
+               for target in FINAL_INT8]
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=FINAL_INT8 + dynamic,
+                                            quantize={"calibration": {"source": "images", "path": "../calib"}}))
+    for index, stage, target in ((2, "lower", "et-int8"), (3, "export", "onnx-int8")):
+        static, own = nodes[f"{stage}:tiny-{target}"], nodes[f"{stage}:tiny-{target}-dyn"]
+        assert "calib/a.png" in static.dependencies() and "calib/a.png" not in own.dependencies()
+        assert own.config["mode"] == "dynamic" and own.config["calibration"] is None
+        assert own.config["exclude"] == ["conv"] and "observer" not in own.config
+        assert not nodes[f"verify:tiny-{target}-dyn"].config["calibrated"]
+        assert nodes[f"verify:tiny-{target}-dyn"].config["calibration"] is None
+        assert own.fields["quantize.mode"] == f"targets[{index}].quantize.mode"  # where its errors point
+    layers = nodes["layers:tiny-et-int8-dyn"]  # it quantizes again as the lower stage does: dynamically
+    assert layers.config["mode"] == "dynamic" and layers.config["calibration"] is None
+    assert "calib/a.png" not in layers.dependencies()
+    manifest = nodes["manifest:tiny"].settings.targets
+    assert {t["target"]: t["quantization"]["mode"] for t in manifest if t["quantization"]} == {
+        "et-int8": "static", "onnx-int8": "static", "et-int8-dyn": "dynamic", "onnx-int8-dyn": "dynamic"}
+
+
+def test_dynamic_int8_on_executorch_keeps_the_dims_that_static_int8_fixes(tmp_path):
+    data = tiny_recipe(targets=FINAL_INT8 + [{**FINAL_INT8[0], "name": "et-dyn", "quantize": {"mode": "dynamic"}}],
+                       inputs=[{"name": "ids", "shape": [1, "seq"], "dtype": "int64", "range": [0, 100]}],
+                       dims={"seq": {"min": 4, "max": 32, "example": 16}})
+    del data["input"]
+    nodes = nodes_for(tmp_path, data)
+    assert "int8 export recipe captures the model at the example's sizes" in \
+        nodes["verify:tiny-et-int8"].config["fixed_shape"]
+    assert nodes["verify:tiny-et-dyn"].config["fixed_shape"] is None
+    assert nodes["verify:tiny-onnx-int8"].config["fixed_shape"] is None
+    assert {t["target"]: t["fixed_shape"] is None for t in nodes["manifest:tiny"].settings.targets} == {
+        "et-int8": False, "onnx-int8": True, "et-dyn": True}
+
+
+@pytest.mark.parametrize("target", FINAL_INT8, ids=["executorch", "onnx"])
+@pytest.mark.parametrize(("quantize", "field", "message"), [
+    ({"mode": "dynamic", "observer": "minmax"}, "quantize.observer",
+     "an observer calibrates static quantization; mode 'dynamic' observes no activations: leave observer out"),
+    ({"mode": "qat", "checkpoint": "qat.pt"}, "quantize.mode",
+     "cannot build mode 'qat': it quantizes the float model in its final stage and takes no QAT checkpoint; "
+     "expected mode 'static' or 'dynamic'"),
+])
+def test_settings_dynamic_and_qat_lack_on_these_routes_are_one_line_naming_the_field(tmp_path, target, quantize,
+                                                                                    field, message):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "qat.pt").write_bytes(b"")
+    with pytest.raises(RecipeErrors) as caught:
+        nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "xnnpack"}, {**target, "quantize": quantize}]))
+    line = str(caught.value)
+    assert line.startswith(f"recipes/r.yaml: targets[1].{field}: ") and line.endswith(message) and "\n" not in line

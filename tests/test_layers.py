@@ -130,3 +130,26 @@ def test_a_layer_kept_float_by_quantize_exclude_is_no_longer_to_blame(tmp_path):
 
     for result in (eager, pt2e):
         assert result["layers"][0]["sqnr_db"] > 25, result["layers"]
+
+
+def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path):
+    """quantize.mode: dynamic: no calibration; ExecuTorch's graph is quantized again dynamically, and ONNX Runtime's
+    integer units (DynamicQuantizeLinear, MatMulInteger, the rescaling after it) are cut out of the shipped model;
+    each is named by its module, on a model with a dynamic dim."""
+    from tiny_models import tiny_transformer
+
+    tokens = [{"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous",
+               "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}]
+    source = stored_fused(tiny_transformer(), tmp_path / "fused.pt", factory="tiny_models:tiny_transformer")
+    model = {"model": str(tmp_path / "fused.pt")}
+    export.run(model, stages.ExportConfig(precision="int8", inputs=tokens, options={}, mode="dynamic", **source),
+               tmp_path / "dynamic.onnx")
+    linears = {"qkv", "proj", "mlp.0", "mlp.2", "head"}
+    shipped = {"artifact": str(tmp_path / "dynamic.onnx")}
+    for route, extra, artifact in (("pt2e", set(), {}), ("onnx", {"tokens"}, shipped)):  # ONNX: its int8 embedding
+        config = stages.LayersConfig(route=route, precision="int8", inputs=tokens, samples=4, seed=0, top=10,
+                                     options={}, mode="dynamic", **source)
+        result = run_layers(tmp_path, config, artifact)
+        assert result["method"] == route
+        assert {row["name"] for row in result["layers"]} == linears | extra, result["layers"]
+        assert all(35 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]  # int8, and fine

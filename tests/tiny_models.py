@@ -106,3 +106,37 @@ def broken_conv():
         model.features[0].bias[7] = -1.0
         model.features[2].weight[:, 7] = 100.0
     return model.eval()
+
+
+
+class TinyTransformer(nn.Module):
+    """A BERT-style classifier on token ids, [1, seq]: token and position embeddings, one pre-norm encoder block
+    (multi-head self-attention through scaled_dot_product_attention, a GELU MLP), mean pooling and a Linear head.
+    Written out rather than nn.TransformerEncoderLayer, whose fused fast path (taken in eval mode without grad, as
+    torch.export runs here) has no ExecuTorch kernel. Static int8 quantizes its activations poorly (LayerNorm
+    outputs, the residual stream); dynamic int8 suits it."""
+
+    def __init__(self, vocabulary=100, width=32, heads=2, max_length=32, classes=4):
+        super().__init__()
+        self.heads = heads
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.positions = nn.Parameter(torch.randn(1, max_length, width) * 0.02)
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, ids):
+        x = self.tokens(ids) + self.positions[:, :ids.shape[1]]
+        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)
+        attended = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(attended.transpose(1, 2).flatten(2))
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x.mean(dim=1))
+
+
+def tiny_transformer():
+    torch.manual_seed(0)
+    return TinyTransformer().eval()

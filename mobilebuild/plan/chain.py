@@ -159,6 +159,18 @@ class Chain:
                                    "stay inside it", file=self.recipe.file, field=f"{where}.path")
         return tuple(files)
 
+    def final_mode(self):
+        """quantize.mode of a route whose final stage quantizes the float model (route.final_modes): static reads
+        calibration data, dynamic none; neither converts a QAT checkpoint."""
+        mode, route = self.target.quantize["mode"], self.route
+        if mode not in route.final_modes:
+            takes = " or ".join(repr(m) for m in route.final_modes)
+            why = ("it quantizes the float model in its final stage and takes no QAT checkpoint" if mode == "qat"
+                   else "it quantizes with calibration data only")
+            raise MobileBuildError(f"{route.backend} ({route.runtime}) cannot build mode {mode!r}: {why}; expected "
+                                   f"mode {takes}", file=self.recipe.file, field=self.where("quantize.mode"))
+        return mode
+
     def static_only(self):
         """The calibration settings of a route that quantizes with calibration data only."""
         if self.target.quantize["mode"] != "static":
@@ -274,13 +286,18 @@ def nnapi(chain):
 
 def _final_quantization(chain):
     """{calibration, weights, exclude, observer} and the files they read, of a route that quantizes in its final
-    stage."""
+    stage; dynamic mode: {mode, weights, exclude}, no calibration and no files of it (`mode` is keyed only where it is
+    not static: static recipes keep their keys)."""
     if chain.precision != "int8":
         return {}, chain.source_files
-    calibration, files = chain.static_only()
+    mode = chain.final_mode()
     exclude, observer = chain.quantize_options()
-    return ({"calibration": calibration, "weights": chain.target.quantize.get("weights"), "exclude": exclude,
-             "observer": observer}, chain.source_files + files)
+    weights = chain.target.quantize.get("weights")
+    if mode == "dynamic":
+        return {"mode": mode, "weights": weights, "exclude": exclude}, chain.source_files
+    calibration, files = chain.static_only()
+    return ({"calibration": calibration, "weights": weights, "exclude": exclude, "observer": observer},
+            chain.source_files + files)
 
 
 def lower(chain):
@@ -293,6 +310,10 @@ def lower(chain):
                 raise MobileBuildError(f"the {delegate} delegate's int8 recipe quantizes with its own quantizer, "
                                        f"which takes no {key}: leave it out for this target", file=chain.recipe.file,
                                        field=chain.where(f"quantize.{key}"))
+        if quantization.get("mode") == "dynamic":
+            raise MobileBuildError(f"the {delegate} delegate's int8 recipe is static (calibrated): mode 'dynamic' is "
+                                   f"{chain.route.delegate}'s; use mode 'static' for this target",
+                                   file=chain.recipe.file, field=chain.where("quantize.mode"))
     config = stages.LowerConfig(precision=chain.precision, inputs=chain.recipe.inputs, delegate=delegate,
                                 options=options, model=chain.source, fuse=chain.recipe.fuse, **quantization)
     return chain.shipped("lower", config, {"model": chain.nodes["fuse"]}, files=files)

@@ -83,13 +83,14 @@ def recipe_nodes(recipe, root):
             problems.append(exc)
             continue
         final, precision = chain.nodes[route.final_stage], chain.precision
+        fixed = fixed_shape(recipe, route, precision, (chain.quantization or {}).get("mode", "static"))
         runtime = {"runtime": route.loader, "runtime_module": route.runtime_module_path,
                    "engine": route.engine if route.quantizer == "eager" else None, "inputs": recipe.inputs,
                    "runs_on_host": route.runs_on_host, "host_reason": route.host_reason}
         results.append(chain.node(
             "verify", f"{recipe.name}-{target.id}",
             stages.VerifyConfig(**runtime, model=source, precision=precision, pruning=target.prune,
-                                outputs=recipe.outputs, fixed_shape=fixed_shape(recipe, route, precision),
+                                outputs=recipe.outputs, fixed_shape=fixed,
                                 **verification),
             # a pruned artifact is checked against the pruned eager model: the build must not change it further;
             # and measured against the unpruned one: what pruning cost
@@ -107,7 +108,7 @@ def recipe_nodes(recipe, root):
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
                         "device_only": route.device_only, "delegate": final.config.get("delegate"),
                         "pruning": target.prune or None, "quantization": chain.quantization,
-                        "interpreter": final.interpreter, "fixed_shape": fixed_shape(recipe, route, precision)})
+                        "interpreter": final.interpreter, "fixed_shape": fixed})
     if problems:
         raise RecipeErrors(problems)
 
@@ -139,15 +140,15 @@ def _merged(nodes):
     return found
 
 
-def fixed_shape(recipe, route, precision):
-    """Why `route`'s artifact in `precision` takes only the example's sizes of a recipe's dynamic dims (naming
-    them), or None."""
+def fixed_shape(recipe, route, precision, mode="static"):
+    """Why `route`'s artifact in `precision` (int8: quantized in quantize.mode `mode`) takes only the example's sizes
+    of a recipe's dynamic dims (naming them), or None."""
     dims = sorted({dim["dim"] for spec in recipe.inputs for dim in spec.get("dynamic", ())})
     if not dims:
         return None
     if route.fixed_shapes:
         why = route.fixed_shapes
-    elif precision == "int8" and route.int8_fixed_shapes:
+    elif precision == "int8" and route.int8_fixed_shapes and mode == "static":
         why = route.int8_fixed_shapes
     elif "script" in route.stages and recipe.script == "trace":
         why = "tracing records the example's sizes (script: script keeps them)"
@@ -197,6 +198,7 @@ def _layers(chain, verification, files):
         settings = stages.LayersConfig(route="pt2e", weights=lowering.weights, options=lowering.options,
                                        exclude=getattr(lowering, "exclude", None),
                                        observer=getattr(lowering, "observer", None),
+                                       mode=getattr(lowering, "mode", "static"),
                                        **{**common, "calibration": lowering.calibration})
         files = files + final.files  # calibration's files: it calibrates again
     elif route.final_stage == "export":

@@ -35,7 +35,7 @@ class Route:
     runtime_module: str | None = None  # a runtime module elsewhere (one that comes with its route)
     device_only: str | None = None  # where it runs, when the host cannot run it
     fixed_shapes: str | None = None  # why its artifacts take the example's sizes only (no dynamic dims)
-    int8_fixed_shapes: str | None = None  # the same, for its int8 artifacts only
+    int8_fixed_shapes: str | None = None  # the same, for its static (calibrated) int8 artifacts only
     settings: str | None = None  # the target's own section of settings for this route (`nnapi:`, `onnx:`...)
     settings_schema: dict | None = None  # its JSON Schema, for a section the recipe schema does not declare
     # The target's precision when the route takes it from its own settings rather than `precision:` (NNAPI's mode).
@@ -45,6 +45,9 @@ class Route:
     distributions: tuple = ()  # the packages besides torch whose versions shape the artifact
     # quantize.observer's choices for its int8 artifacts, its default first (empty: it takes no observer setting)
     observers: tuple = ()
+    # quantize.mode's choices where the final stage quantizes (quantizer "final"): static (calibrated) and, where its
+    # stage has it, dynamic (weights int8 ahead of time, activations quantized at run time; no calibration)
+    final_modes: tuple = ("static",)
     default: bool = False  # the backend's runtime when a target names none
 
     @property
@@ -177,7 +180,8 @@ def route_for(target, recipe_file):
 
 
 TORCHSCRIPT = ("script", "optimize")
-# ExecuTorch 1.3.1's export recipe quantizes a graph it captures without dynamic shapes (QuantizeStage)
+# ExecuTorch 1.3.1's export recipe quantizes a graph it captures without dynamic shapes (QuantizeStage); dynamic
+# int8 is quantized by the lower stage itself on a graph captured with them, and keeps them
 ET_INT8_FIXED = "ExecuTorch's int8 export recipe captures the model at the example's sizes"
 EXECUTORCH = ("executorch", "torchao", "coremltools")
 ONNX = ("onnx", "onnxscript", "onnxruntime")
@@ -188,6 +192,8 @@ ONNX = ("onnx", "onnxscript", "onnxruntime")
 # nor Distribution, which it computes for float8 types (0.6 dB where MinMax gave 4.7 on an int8 model)
 TORCH_OBSERVERS = ("histogram", "minmax", "moving_average")
 ORT_OBSERVERS = ("minmax", "moving_average", "percentile")
+# ExecuTorch's XNNPackRecipeType.PT2E_INT8_DYNAMIC_PER_CHANNEL; onnxruntime's quantize_dynamic
+FINAL_MODES = ("static", "dynamic")
 
 for _route in (
     Route("xnnpack", "pytorch-mobile", ("fp32",), TORCHSCRIPT, ".ptl",
@@ -215,7 +221,7 @@ for _route in (
           "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)",
           quantizer="final", delegate="xnnpack", loader="executorch", settings="executorch",
           preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH,
-          int8_fixed_shapes=ET_INT8_FIXED, observers=TORCH_OBSERVERS),
+          int8_fixed_shapes=ET_INT8_FIXED, observers=TORCH_OBSERVERS, final_modes=FINAL_MODES),
     Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte",
           "GPU through ExecuTorch's Vulkan delegate", delegate="vulkan", loader="executorch",
           device_only="a device with a Vulkan GPU and ExecuTorch's Vulkan runtime", settings="executorch",
@@ -225,8 +231,8 @@ for _route in (
           loader="executorch", device_only="an Apple device (Core ML / MPS)", settings="executorch",
           preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH),
     Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
-          "ONNX, run by ONNX Runtime (int8: static QDQ quantization with onnxruntime's tools)",
+          "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
           quantizer="final", loader="onnxruntime", settings="onnx", default=True, preflight=f"{CHECKS}.onnx",
-          structure=onnx_structure, distributions=ONNX, observers=ORT_OBSERVERS),
+          structure=onnx_structure, distributions=ONNX, observers=ORT_OBSERVERS, final_modes=FINAL_MODES),
 ):
     register(_route)

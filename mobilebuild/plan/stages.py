@@ -110,10 +110,11 @@ class LowerConfig:
     options: dict  # the delegate's options
     model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
     fuse: object
-    calibration: dict | None = None  # int8
+    calibration: dict | None = None  # int8, static
     weights: str | None = None
     exclude: list | None = when_set()  # int8: quantize.exclude
     observer: str | None = when_set()  # int8: quantize.observer
+    mode: str = when_set("static")  # int8: quantize.mode, static (calibrated) or dynamic (int8 activations at run time)
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,12 @@ class ExportConfig:
     options: dict  # opset
     model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
     fuse: object
-    calibration: dict | None = None  # int8
+    calibration: dict | None = None  # int8, static
     weights: str | None = None
     outputs: list | None = None  # the ONNX output names
     exclude: list | None = when_set()  # int8: quantize.exclude
     observer: str | None = when_set()  # int8: quantize.observer (onnxruntime's calibration method)
+    mode: str = when_set("static")  # int8: quantize.mode, static (quantize_static) or dynamic (quantize_dynamic)
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class LayersConfig:
     outputs: list | None = None  # onnx: the output names
     exclude: list | None = when_set()  # pt2e: quantize.exclude
     observer: str | None = when_set()  # pt2e: quantize.observer
+    mode: str = when_set("static")  # pt2e: quantize.mode (dynamic: no calibration)
 
 
 @dataclass(frozen=True)
@@ -307,7 +310,7 @@ for _stage in (
           "ExecuTorch programs (.pte) lowered to their delegate: XNNPACK, Vulkan, Core ML or MPS.", "#9fc5e8",
           plan=f"{CHAINS}:lower"),
     Stage("export", ExportConfig, {"model": ("fuse",)},
-          "ONNX models (.onnx), int8 through onnxruntime's static quantization.", "#a2c4c9",
+          "ONNX models (.onnx), int8 through onnxruntime's static or dynamic quantization.", "#a2c4c9",
           plan=f"{CHAINS}:export"),
     Stage("verify", VerifyConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint", "prune"),
                                    "unpruned": ("checkpoint",)},

@@ -48,7 +48,8 @@ class TargetCheck:
             check(self)
         if self.built:
             self.host_run()
-        fixed = graph.fixed_shape(self.model.recipe, self.route, self.route.precision(self.target))
+        fixed = graph.fixed_shape(self.model.recipe, self.route, self.route.precision(self.target),
+                                  self.target.quantize.get("mode", "static"))
         if fixed:
             self.notes.append(fixed)
 

@@ -1,8 +1,11 @@
 """export: the fused float model to ONNX (.onnx) for ONNX Runtime, in fp32 or int8.
 
 As the edge-deployment talk has it, only float models export to ONNX: an int8 artifact is made on the ONNX side, by
-ONNX Runtime's static post-training quantization (QDQ format) calibrated on the recipe's calibration batches.
-QuantStub/DeQuantStub are identities in a float model and export as nothing.
+ONNX Runtime's static post-training quantization (QDQ format) calibrated on the recipe's calibration batches, or with
+quantize.mode: dynamic by its dynamic quantization (`quantize_dynamic`, which ONNX Runtime recommends for
+Transformers and RNNs): weights int8 ahead of time, activations quantized as the model runs (DynamicQuantizeLinear,
+MatMulInteger, ConvInteger), no calibration. QuantStub/DeQuantStub are identities in a float model and export as
+nothing.
 
 Exporter: torch.onnx.export(dynamo=True), the torch.export-based one (torch's default since 2.9). It refuses
 forward code whose control flow depends on tensor values, where the TorchScript-based exporter (dynamo=False,
@@ -23,7 +26,10 @@ channel unless the recipe says per_tensor. quantize.exclude keeps the nodes the 
 modules float (quantize_static's nodes_to_exclude), found by the module paths it records on each node. ONNX
 Runtime's pre-processing runs with shape inference only: its graph optimization step saved nothing on the models
 tried (the fuse stage and the exporter already fold batch norm) and declared eight ONNX Runtime-internal opset
-domains in the model.
+domains in the model. Dynamic int8 quantizes the operators `quantize_dynamic` takes by default (MatMul and Gemm with a
+constant weight, Conv, Gather of a constant table such as an embedding, Attention, LSTM...), weights int8 per channel
+unless the recipe says per_tensor; quantize.exclude keeps nodes float as in static mode (nodes_to_exclude). Dynamic
+axes stay dynamic.
 """
 
 import logging
@@ -211,12 +217,35 @@ def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=Non
         return onnx.load(quantized)
 
 
+def quantize_dynamic_int8(proto, weights=None, exclude=()):
+    """ONNX Runtime's dynamic quantization of the float ONNX model (int8 weights; activations quantized as it runs),
+    with the nodes of the modules at `exclude` (exclusion.resolve's paths) kept float. Pre-processed as static mode's
+    is (shape inference only)."""
+    from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
+
+    names = exclusion.onnx_nodes(proto, exclude)
+    # quantize_dynamic first rewrites each Gemm as a MatMul named "<its name>_MatMul" (and an Add), then matches
+    # nodes_to_exclude against the new names: an excluded Gemm (a Linear on 2-D input) was quantized all the same
+    gemms = {node.name for node in proto.graph.node if node.op_type == "Gemm"}
+    names += [f"{name}_MatMul" for name in names if name in gemms]
+    kept = {"nodes_to_exclude": names} if names else {}
+    with tempfile.TemporaryDirectory(prefix="mobilebuild-onnx-") as folder:
+        prepared, quantized = Path(folder) / "prepared.onnx", Path(folder) / "quantized.onnx"
+        quant_pre_process(proto, prepared, skip_optimization=True, skip_symbolic_shape=True)
+        quantize_dynamic(prepared, quantized, per_channel=weights != "per_tensor", weight_type=QuantType.QInt8,
+                         **kept)
+        return onnx.load(quantized)
+
+
 def run(inputs, config, output):
     model = fuse.load(inputs["model"], config)
     exclude = exclusion.resolve(model, config.exclude) if config.precision == "int8" else ()
     progress.note("torch.onnx.export")
     proto = export_float(model, config.inputs, (config.options or {}).get("opset"), config.outputs)
-    if config.precision == "int8":
+    if config.precision == "int8" and config.mode == "dynamic":
+        progress.note("quantizing with ONNX Runtime's quantize_dynamic")
+        proto = quantize_dynamic_int8(proto, config.weights, exclude)
+    elif config.precision == "int8":
         progress.note("quantizing with ONNX Runtime's quantize_static")
         proto = quantize_int8(proto, config.calibration, config.inputs, config.weights, exclude, config.observer)
     data = reproducible(proto).SerializeToString()

@@ -20,8 +20,11 @@ Per route, with the tools its quantizer comes with:
   onnx:   the shipped int8 .onnx against the float model exported again: onnxruntime.quantization.qdq_loss_debug
           (modify_model_output_intermediate_tensors, collect_activations) gives every float tensor; each quantized
           node of the QDQ model, cut out with its quantize/dequantize pairs (onnx.utils.Extractor), runs on the
-          float model's inputs; create_weight_matching/compute_weight_error add each node's weight SQNR. ONNX node
-          names map back to module paths through the exporter's name scopes.
+          float model's inputs; create_weight_matching/compute_weight_error add each node's weight SQNR. A dynamically
+          quantized model (quantize_dynamic) has no QDQ pairs: each integer unit (DynamicQuantizeLinear, then
+          MatMulInteger or ConvInteger and the float ops that rescale its result; a Gather of an int8 table and its
+          DequantizeLinear) is cut out from the float tensor it quantizes to the float model's tensor it replaces.
+          ONNX node names map back to module paths through the exporter's name scopes.
 The data is verification's (verify.evaluation_data: never calibration's), at the example's sizes.
 """
 
@@ -212,7 +215,7 @@ def _type_name(target_type):
 
 def pt2e_quantized(model, config):
     """(the float graph, the int8 graph) as the lower stage's export recipe makes them: the same quantizer, the same
-    calibration batches, the same seed."""
+    calibration batches (dynamic mode: the example input, which calibrates nothing), the same seed."""
     from executorch.export.stages import QuantizeStage
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -220,8 +223,9 @@ def pt2e_quantized(model, config):
 
     exclude = _exclusions(model, {"exclude": config.exclude})
     adjust = {key: value for key, value in (("exclude", exclude), ("observer", config.observer)) if value}
-    recipe = lower.export_recipe("xnnpack", "int8", config.options, config.weights, **adjust)
-    samples = lower.calibration_samples(config.calibration, config.inputs)
+    recipe = lower.export_recipe("xnnpack", "int8", config.options, config.weights, mode=config.mode, **adjust)
+    samples = (lower.calibration_samples(config.calibration, config.inputs) if config.mode == "static"
+               else [lower.in_layout(modeling.example_inputs(config.inputs))])
     quantizer = QuantizeStage(recipe.quantization_recipe)._get_quantizer_for_prepare_pt2e(
         recipe.quantization_recipe.quantizers)
     torch.manual_seed(0)
@@ -363,9 +367,9 @@ def onnx_layers(inputs, config, chunks):
         augmented = Path(folder) / "float-all.onnx"
         qdq_loss_debug.modify_model_output_intermediate_tensors(float_path, augmented)
         weights = _weight_errors(qdq_loss_debug, float_path, qdq_path)
-        layers = list(_quantized_nodes(qdq))
+        layers = list(_quantized_nodes(qdq)) + list(_integer_units(qdq, proto))
         pieces = {}
-        extractor = onnx.utils.Extractor(onnx.shape_inference.infer_shapes(qdq))
+        extractor = onnx.utils.Extractor(_at_example(qdq, config.inputs))
         for node, feeds, output, original in layers:
             piece = extractor.extract_model(feeds, [output])
             pieces[node.name] = onnxruntime.InferenceSession(piece.SerializeToString(), options,
@@ -379,9 +383,7 @@ def onnx_layers(inputs, config, chunks):
                     if original not in values or any(feed not in values for feed in feeds):
                         continue
                     piece = pieces[node.name]
-                    given = {spec.name: numpy.reshape(values[spec.name], spec.shape)
-                             if all(isinstance(d, int) for d in spec.shape) else values[spec.name]
-                             for spec in piece.get_inputs()}
+                    given = {spec.name: _shaped(values[spec.name], spec.shape) for spec in piece.get_inputs()}
                     (produced,) = piece.run([output], given)
                     path, kind = modules.get(node.name, (node.name, None))
                     extra = {"weight_sqnr_db": weights[node.name]} if node.name in weights else {}
@@ -389,6 +391,41 @@ def onnx_layers(inputs, config, chunks):
                                torch.from_numpy(numpy.asarray(values[original])),
                                torch.from_numpy(numpy.asarray(produced)), **extra)
     return errors, "onnx"
+
+
+def _at_example(proto, specs):
+    """The model with shapes inferred; where the recipe has dynamic dims, from its inputs at the example's sizes (the
+    comparison's data), so that the pieces cut from it take concrete shapes where inference can follow them
+    (collect_activations gives every tensor flattened: see _shaped)."""
+    import onnx
+
+    if not any(spec.get("dynamic") for spec in specs):
+        return onnx.shape_inference.infer_shapes(proto)
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(proto)
+    del fixed.graph.value_info[:]
+    for value, spec in zip(fixed.graph.input, specs):
+        for dim, size in zip(value.type.tensor_type.shape.dim, spec["shape"]):
+            dim.dim_value = size
+    return onnx.shape_inference.infer_shapes(fixed, data_prop=True)
+
+
+def _shaped(values, shape):
+    """A tensor collect_activations gave flattened, in the shape a piece's input declares; a shape with symbolic dims
+    (where inference could not follow the example's sizes) solved from the tensor's size where it has one unknown,
+    or one name on several axes (an attention's [seq, seq]); else left flat (the piece then fails, and says so)."""
+    import numpy
+
+    symbolic = [dim for dim in shape if not isinstance(dim, int)]
+    if not symbolic:
+        return numpy.reshape(values, shape)
+    known = math.prod(dim for dim in shape if isinstance(dim, int))
+    if len(symbolic) == 1:
+        return numpy.reshape(values, [dim if isinstance(dim, int) else -1 for dim in shape])
+    if len(set(symbolic)) == 1 and symbolic[0] and known:
+        size = round((values.size / known) ** (1 / len(symbolic)))
+        return numpy.reshape(values, [dim if isinstance(dim, int) else size for dim in shape])
+    return values
 
 
 def _weight_errors(qdq_loss_debug, float_path, qdq_path):
@@ -439,6 +476,58 @@ def _quantized_nodes(qdq):
             if dq is not None:
                 output = dq.output[0]
         yield node, list(dict.fromkeys(feeds)), output, original
+
+
+INTEGER_OPS = ("MatMulInteger", "ConvInteger")  # quantize_dynamic's, fed by DynamicQuantizeLinear
+
+
+def _integer_units(quantized, float_proto):
+    """(the float model's node it replaces, its float inputs to feed, the output to read, that output's name in the
+    float model) for each unit of a dynamically quantized model: an integer op (INTEGER_OPS) from the float tensors
+    its DynamicQuantizeLinear nodes quantize, or a Gather of an int8 table (an embedding) from its indices, each to
+    the first tensor after it that the float model has too (quantize_dynamic gives the rescaled result the original
+    output's name)."""
+    from types import SimpleNamespace
+
+    producer = {output: node for node in quantized.graph.node for output in node.output}
+    consumers = {}
+    for node in quantized.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {init.name: init for init in quantized.graph.initializer}
+    made_by = {output: node for node in float_proto.graph.node for output in node.output}
+    graph_inputs = {value.name for value in quantized.graph.input}
+    for node in quantized.graph.node:
+        if node.op_type in INTEGER_OPS:
+            feeds = list(dict.fromkeys(producer[name].input[0] for name in node.input  # its value and zero point
+                                       if name in producer and producer[name].op_type == "DynamicQuantizeLinear"))
+        elif node.op_type == "Gather" and node.input and node.input[0] in initializers \
+                and initializers[node.input[0]].data_type in (onnx_int8(), onnx_uint8()):
+            feeds = [name for name in node.input[1:] if name not in initializers]
+        else:
+            continue
+        output, seen = node.output[0], 0
+        while output not in made_by and seen < 8:  # Cast, Mul (scales), Add (bias), DequantizeLinear
+            following = consumers.get(output, [])
+            if len(following) != 1:
+                break
+            output, seen = following[0].output[0], seen + 1
+        if output not in made_by or not feeds or not all(f in made_by or f in graph_inputs for f in feeds):
+            continue
+        original = made_by[output]
+        yield SimpleNamespace(name=original.name, op_type=original.op_type), feeds, output, output
+
+
+def onnx_int8():
+    import onnx
+
+    return onnx.TensorProto.INT8
+
+
+def onnx_uint8():
+    import onnx
+
+    return onnx.TensorProto.UINT8
 
 
 # --- the stage ------------------------------------------------------------------------------------------------------

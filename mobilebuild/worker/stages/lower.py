@@ -5,14 +5,18 @@ It goes through ExecuTorch's own export recipes (`executorch.export`): torch.exp
 calibrated on the recipe's batches, `to_edge_transform_and_lower` with the delegate's partitioner, then
 serialization. XNNPACK and Core ML take their recipes from ExecuTorch's registry (XNNPackRecipeType.FP32 and
 PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights, or PER_TENSOR when the recipe's
-quantize.weights says per_tensor; CoreMLRecipeType.FP16/FP32 and PT2E_INT8_STATIC); Vulkan and MPS have no recipe
-provider in ExecuTorch 1.3.1, so their recipe is the partitioner alone. int8 is calibrated on the recipe's
-calibration batches (`config.calibration`), which are also the export's example inputs. quantize.observer and
-quantize.exclude adjust the XNNPACK recipe's own quantizer: the activation observer of its symmetric config
-(HistogramObserver by default; MinMaxObserver, MovingAverageMinMaxObserver), and a filter that leaves the excluded
-modules' nodes unannotated, so they stay float (the recipe's partitioner delegates them to XNNPACK in float:
-measured, nothing left on the portable kernels). The recipe's dynamic dims become torch.export `Dim`s (shared by
-name between inputs, with their min and max), so the program takes any size in range. Programs are exported for NCHW
+quantize.weights says per_tensor; quantize.mode: dynamic, PT2E_INT8_DYNAMIC_PER_CHANNEL; CoreMLRecipeType.FP16/FP32
+and PT2E_INT8_STATIC); Vulkan and MPS have no recipe provider in ExecuTorch 1.3.1, so their recipe is the partitioner
+alone. Static int8 is calibrated on the recipe's calibration batches (`config.calibration`), which are also the
+export's example inputs; dynamic int8 (`config.mode`) reads no calibration: its Linear and convolution weights are
+int8 per channel, and XNNPACK quantizes their input activations as it runs. quantize.observer and quantize.exclude
+adjust the XNNPACK recipe's own quantizer: the activation observer of its symmetric config (HistogramObserver by
+default; MinMaxObserver, MovingAverageMinMaxObserver), and a filter that leaves the excluded modules' nodes
+unannotated, so they stay float (the recipe's partitioner delegates them to XNNPACK in float: measured, nothing left
+on the portable kernels). The recipe's dynamic dims become torch.export `Dim`s (shared by name between inputs, with
+their min and max), so the program takes any size in range: fp32, and dynamic int8, whose quantization runs here on a
+graph captured with the dims (the recipe's own quantize stage captures without them, which fixes static int8 at the
+example's sizes: plan.routes.ET_INT8_FIXED). Programs are exported for NCHW
 input whatever input.memory_format says (that setting is PyTorch Mobile's advice): the delegates choose their own
 layout inside, while an NHWC export leaves a layout copy outside the delegate (MobileNetV2: aten::as_strided_copy on
 the portable kernels, and two XNNPACK calls instead of one) and Core ML refuses it.
@@ -28,6 +32,7 @@ How much of a program went to delegates is read from the .pte itself (`pte.read(
 `preflight_delegation(model, specs, delegate)` lowers in memory and says the same before any build.
 """
 
+import dataclasses
 import re
 
 import torch
@@ -55,7 +60,7 @@ BACKEND_NAMES = {"xnnpack": "XNNPACK", "vulkan": "Vulkan", "coreml": "Core ML", 
 
 # --- options and recipes ---------------------------------------------------------------------------------------
 
-def check_options(delegate, precision, options, weights=None):
+def check_options(delegate, precision, options, weights=None, mode="static"):
     if delegate not in DELEGATES:
         raise MobileBuildError(f"unknown ExecuTorch delegate {delegate!r} (one of {', '.join(DELEGATES)})",
                                field="targets")
@@ -74,15 +79,24 @@ def check_options(delegate, precision, options, weights=None):
                                    field="targets")
     if precision == "int8" and delegate == "coreml" and weights == "per_tensor":
         raise MobileBuildError("Core ML's int8 recipe quantizes weights per channel only", field="quantize.weights")
+    if precision == "int8" and mode == "dynamic" and delegate != "xnnpack":
+        raise MobileBuildError(f"{BACKEND_NAMES[delegate]}'s int8 recipe is static (calibrated): mode 'dynamic' is "
+                               "XNNPACK's", field="quantize.mode")
+    if precision == "int8" and mode == "dynamic" and weights == "per_tensor":
+        raise MobileBuildError("ExecuTorch's dynamic int8 recipe (XNNPACK) quantizes weights per channel only: "
+                               "XNNPACK takes no dynamically quantized Linear with per-tensor weights (its "
+                               "quantize ops stay outside the delegate, without a kernel); leave weights out",
+                               field="quantize.weights")
     if precision == "int8" and "compute_precision" in (options or {}):
         raise MobileBuildError(f"{delegate} option compute_precision applies to fp32 lowering only",
                                field="targets")
 
 
-def export_recipe(delegate, precision, options, weights=None, exclude=(), observer=None):
+def export_recipe(delegate, precision, options, weights=None, exclude=(), observer=None, mode="static"):
     """ExecuTorch's ExportRecipe for the delegate: the registry's where ExecuTorch has one. `weights`: the recipe's
     quantize.weights ("per_tensor" picks XNNPACK's per-tensor recipe; per-channel otherwise); `exclude` (module
-    paths kept float) and `observer` (quantize.observer) adjust XNNPACK's int8 recipe."""
+    paths kept float) and `observer` (quantize.observer) adjust XNNPACK's int8 recipe; `mode` "dynamic" (quantize.mode)
+    picks XNNPACK's dynamic int8 recipe."""
     from executorch.export import ExportRecipe, LoweringRecipe
 
     options = options or {}
@@ -91,6 +105,8 @@ def export_recipe(delegate, precision, options, weights=None, exclude=(), observ
 
         if precision == "fp32":
             kind = XNNPackRecipeType.FP32
+        elif mode == "dynamic":
+            kind = XNNPackRecipeType.PT2E_INT8_DYNAMIC_PER_CHANNEL
         elif weights == "per_tensor":
             kind = XNNPackRecipeType.PT2E_INT8_STATIC_PER_TENSOR
         else:
@@ -137,7 +153,7 @@ def _adjust_xnnpack_int8(recipe, weights, exclude, observer):
     from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
 
     (quantizer,) = recipe.quantization_recipe.quantizers
-    if observer is not None:
+    if observer is not None:  # static only (plan.chain.Chain.quantize_options): dynamic mode observes no activations
         kind = dict(zip(PT2E_OBSERVERS, (HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver)))[observer]
         config = get_symmetric_quantization_config(is_per_channel=weights != "per_tensor")
         activation = dataclasses.replace(config.input_activation,
@@ -246,26 +262,32 @@ def failure_message(stage_type, delegate, exc):
 
 
 def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, samples=None, weights=None, exclude=(),
-                   observer=None):
+                   observer=None, mode="static"):
     """The .pte bytes of `model` lowered for `delegate`. `samples`: example inputs as tuples, the first one
-    exported, all of them calibrating int8 (default: the inputs' example); `exclude`: the paths of modules int8
-    keeps float (exclusion.resolve); `observer`: quantize.observer. Raises MobileBuildError for settings and models
-    that cannot be lowered, ImportError when the delegate's own dependency is missing."""
-    check_options(delegate, precision, options, weights)
+    exported, all of them calibrating static int8 (default: the inputs' example); `exclude`: the paths of modules
+    int8 keeps float (exclusion.resolve); `observer`: quantize.observer; `mode`: quantize.mode, static or dynamic.
+    Raises MobileBuildError for settings and models that cannot be lowered, ImportError when the delegate's own
+    dependency is missing."""
+    check_options(delegate, precision, options, weights, mode)
     ensure_flatc()
     samples = samples or [in_layout(modeling.example_inputs(specs))]
-    # int8: the export recipe's quantize stage captures the graph at the example's sizes, which then stay fixed
-    # (plan.routes.ET_INT8_FIXED); asked to keep them dynamic, torch.export finds them pinned
-    shapes = dynamic_shapes(specs) if precision == "fp32" else None
+    # static int8: the export recipe's quantize stage captures the graph at the example's sizes, which then stay fixed
+    # (plan.routes.ET_INT8_FIXED); asked to keep them dynamic, torch.export finds them pinned. Dynamic int8 keeps
+    # them: its quantization runs here, on a graph captured with them (quantized_with_dims)
+    dynamic = precision == "int8" and mode == "dynamic"
+    shapes = dynamic_shapes(specs) if precision == "fp32" or dynamic else None
     with quiet():
         from executorch.export import ExportSession
 
         torch.manual_seed(0)
-        session = ExportSession(model=model.eval(), example_inputs=samples,
-                                export_recipe=export_recipe(delegate, precision, options, weights, exclude,
-                                                            observer),
+        recipe = export_recipe(delegate, precision, options, weights, exclude, observer, mode)
+        model = model.eval()
+        if dynamic and shapes:
+            model = quantized_with_dims(model, samples[0], recipe, shapes, delegate)
+            recipe = dataclasses.replace(recipe, quantization_recipe=None)
+        session = ExportSession(model=model, example_inputs=samples, export_recipe=recipe,
                                 **({"dynamic_shapes": {"forward": shapes}} if shapes else {}))
-        _announce_stages(session, delegate, precision, len(samples))
+        _announce_stages(session, delegate, precision, len(samples), mode)
         try:
             with torch.no_grad(), reproducible_coreml(delegate):
                 session.export()
@@ -278,12 +300,35 @@ def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, sampl
         return session.get_pte_buffer()
 
 
-def _announce_stages(session, delegate, precision, batches):
+def quantized_with_dims(model, example, recipe, shapes, delegate):
+    """`model` quantized by the export recipe's own quantizer as its quantize stage does (torch.export, prepare_pt2e,
+    the example through it, convert_pt2e), but on a graph captured with the dynamic dims, which that stage does not
+    pass on: dynamic int8 observes no activations, so nothing ties the graph to the example's sizes."""
+    from executorch.export import StageType
+    from executorch.export.stages import QuantizeStage
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    progress.note("quantizing (dynamic: int8 weights, activations quantized as it runs)")
+    quantizer = QuantizeStage(recipe.quantization_recipe)._get_quantizer_for_prepare_pt2e(
+        recipe.quantization_recipe.quantizers)
+    try:
+        with torch.no_grad():  # as the export session runs its stages
+            captured = torch.export.export(model, example, dynamic_shapes=shapes, strict=True).module()
+            prepared = prepare_pt2e(captured, quantizer)
+            prepared(*example)
+            return convert_pt2e(prepared)
+    except Exception as exc:  # torch.export and the quantizer raise anything
+        raise MobileBuildError(failure_message(StageType.QUANTIZE, delegate, exc), field="targets") from None
+
+
+def _announce_stages(session, delegate, precision, batches, mode="static"):
     """A progress note as each of ExecuTorch's export stages that does work starts (an int8 MobileNetV2 takes half a
     minute)."""
     words = {"torch_export": "torch.export", "to_edge_transform_and_lower": f"lowering to {BACKEND_NAMES[delegate]}",
              "to_executorch": "writing the ExecuTorch program"}
-    if precision == "int8":
+    if precision == "int8" and mode == "dynamic":
+        words["quantize"] = "quantizing (dynamic: int8 weights, activations quantized as it runs)"
+    elif precision == "int8":
         words["quantize"] = f"quantizing, calibrated on {batches} batch{'es' if batches > 1 else ''}"
     for kind, stage in session.get_all_registered_stages().items():
         if kind.value in words:
@@ -296,11 +341,11 @@ def _announce_stages(session, delegate, precision, batches):
 
 # --- delegation summary ------------------------------------------------------------------------------------------
 
-def preflight_delegation(model, specs, delegate, precision="fp32", options=None, weights=None):
+def preflight_delegation(model, specs, delegate, precision="fp32", options=None, weights=None, mode="static"):
     """Lower in memory and summarise, for a check before any build: how much would `delegate` take, and does the
     program load and run where the host can run it ("run_error": why not, or None)? Quantization is calibrated on the
     example input only: which operators get delegated does not depend on the ranges."""
-    data = lower_to_bytes(model, specs, delegate, precision, options, weights=weights)
+    data = lower_to_bytes(model, specs, delegate, precision, options, weights=weights, mode=mode)
     try:
         check_runs(data, specs)
     except MobileBuildError as exc:
@@ -329,13 +374,14 @@ def run(inputs, config, output):
     model = fuse.load(inputs["model"], config)
     samples, exclude = None, ()
     if precision == "int8":
+        exclude = exclusion.resolve(model, config.exclude)
+    if precision == "int8" and config.mode == "static":
         if not config.calibration:
             raise MobileBuildError("int8 lowering needs calibration batches", field="quantize.calibration")
-        exclude = exclusion.resolve(model, config.exclude)
         samples = calibration_samples(config.calibration, config.inputs)
     try:
         data = lower_to_bytes(model, config.inputs, delegate, precision, config.options, samples, config.weights,
-                              exclude, config.observer)
+                              exclude, config.observer, config.mode)
     except ImportError as exc:  # a delegate's own dependency (coremltools) missing or broken
         raise MobileBuildError(f"ExecuTorch's {BACKEND_NAMES[delegate]} delegate cannot be loaded: "
                                f"{modeling.first_line(exc)}", field="targets") from None
