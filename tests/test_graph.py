@@ -8,7 +8,7 @@ import yaml
 from conftest import tiny_recipe
 
 from mobilebuild.errors import RecipeErrors
-from mobilebuild.plan import graph, recipe
+from mobilebuild.plan import graph, recipe, stages
 
 
 def nodes_for(root, data):
@@ -132,3 +132,20 @@ def test_each_route_takes_its_own_chain(tmp_path):
     assert not nodes["verify:tiny-vulkan"].config["runs_on_host"]
     assert nodes["verify:tiny-et-int8"].config["runtime"] == "executorch"
     assert not any(name.startswith("quantize:") and "onnx" in name for name in nodes)
+
+
+def test_recipe_fields_name_settings_their_stages_have():
+    for stage in stages.all_stages():
+        assert set(stage.recipe_fields) <= {setting.name for setting in dataclasses.fields(stage.config)}, stage.name
+
+
+def test_a_setting_is_named_by_its_recipe_field_where_the_target_has_its_own(tmp_path):
+    """What `doit info` says changed: the recipe's field, the target's own section where it has one."""
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "qnnpack", "quantize": {"observer": "minmax"}},
+                                                     {"backend": "nnapi", "nnapi": {"mode": "full"}}]))
+    own, shared = nodes["quantize:tiny-qnnpack-own"], nodes["quantize:tiny-qnnpack"]
+    assert stages.recipe_field("quantize", "observer", own.fields) == "targets[0].quantize.observer"
+    assert stages.recipe_field("quantize", "calibration.batches", shared.fields) == "quantize.calibration.batches"
+    assert stages.recipe_field("nnapi", "mode", nodes["nnapi:tiny-nnapi"].fields) == "targets[1].nnapi.mode"
+    assert stages.recipe_field("verify", "seed", {}) == "verify.seed"
+    assert stages.recipe_field("quantize", "engine", own.fields) is None  # the route's, not the recipe's

@@ -40,7 +40,7 @@ def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 24, "seed": 0}})
     project.write_recipe(changed)
     explained = project.run("info", "quantize:tiny-qnnpack").stdout  # before the build that follows
-    assert "    - changed: config.calibration.batches: 16 -> 24 (args=[], kwargs={})" in explained
+    assert "    - changed: recipes/tiny.yaml: quantize.calibration.batches: 16 -> 24 (args=[], kwargs={})" in explained
     assert project.doit() == ["bench:tiny-qnnpack", "layers:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
                               "plot:tiny", "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",
                               "verify:tiny-qnnpack"]
@@ -51,6 +51,8 @@ def test_changing_one_targets_blocklist_rebuilds_that_target_alone(project):
     project.doit()
     targets = [{"backend": "xnnpack", "optimize": {"blocklist": ["INSERT_FOLD_PREPACK_OPS"]}}, {"backend": "qnnpack"}]
     project.write_recipe(tiny_recipe(targets=targets))
+    explained = project.run("info", "optimize:tiny-xnnpack").stdout
+    assert "changed: recipes/tiny.yaml: targets[0].optimize.blocklist: [] -> [\"INSERT_FOLD_PREPACK_OPS\"]" in explained
     assert project.doit() == ["bench:tiny-xnnpack", "manifest:tiny", "optimize:tiny-xnnpack", "plot:tiny",
                               "verified:tiny", "verify:tiny-xnnpack"]
 
