@@ -7,18 +7,23 @@ Measures the wall time, CPU time and peak RSS of `python -m doit` when nothing i
               real beforehand (recipes of the same variant share their artifacts through the artifact cache, so
               200 recipes cost five real builds);
   bare doit:  a temporary dodo.py with as many file tasks as `doit list --all` shows there (group tasks left
-              out), chained through one file_dep each, one target each and a config_changed uptodate.
-Both run K times (default 7) as subprocesses, interleaved, after one untimed warm-up each; medians are compared.
+              out), chained through one file_dep each, one target each and a config_changed uptodate;
+  doit, same graph: for reference, a dodo.py that reads mobilebuild's own graph from a JSON file (the same tasks,
+              file_deps, targets and keys in a config_changed, each action writing its target): what doit itself
+              costs for this graph, whose tasks read about three files each where the bare chain's read one.
+All run K times (default 7) as subprocesses, interleaved, after one untimed warm-up each; medians are compared.
 Every timed run must execute nothing. One more mobilebuild no-op runs with a PYTHONPATH whose `torch` raises on
 import.
 
-Targets: at the largest size median(mobilebuild) <= 1.5x median(bare doit); from the smallest size to the largest,
-time and peak RSS grow at most linearly with the number of tasks; torch is never imported by a no-op run.
+Targets: at the largest size median(mobilebuild) <= 1.5x median(bare doit) (the same-graph ratio is reported too);
+from the smallest size to the largest, time and peak RSS grow at most linearly with the number of tasks; torch is
+never imported by a no-op run.
 
     .venv/bin/python benchmarks/noop_overhead.py [--recipes 10 50 200] [--repeats 7]
 """
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -86,6 +91,31 @@ BARE_DODO = textwrap.dedent('''
 ''')
 
 
+# mobilebuild's graph as plain doit: the same file tasks, read from graph.json (written by GRAPH_DUMP in the monorepo)
+SAME_GRAPH_DODO = textwrap.dedent('''
+    import json
+    from pathlib import Path
+
+    from doit.tools import config_changed
+
+    DOIT_CONFIG = {"default_tasks": ["file"], "verbosity": 2}
+    GRAPH = json.loads(Path("graph.json").read_text())
+
+
+    def write(target):
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(target)
+
+
+    def task_file():
+        for name, deps, target, key in GRAPH:
+            yield {"name": name, "actions": [(write, [target])], "file_dep": deps, "targets": [target],
+                   "uptodate": [config_changed(key)]}
+''')
+GRAPH_DUMP = ("import json, sys; from mobilebuild.plan import project; json.dump([[n.task_name, n.dependencies(), "
+              "n.output, n.key()] for n in project.nodes('.')], open(sys.argv[1], 'w'))")
+
+
 def recipe(index):
     team = TEAMS[index % len(TEAMS)]
     return team, {
@@ -131,6 +161,15 @@ def make_bare(root, count):
     (root / "source.txt").write_text("source\n")
 
 
+def make_same_graph(graph_root, root, env):
+    """A plain doit dodo over mobilebuild's graph of `graph_root`, with the repository files that graph reads."""
+    (root / "dodo.py").write_text(SAME_GRAPH_DODO)
+    dumped = measure([PYTHON, "-c", GRAPH_DUMP, str(root / "graph.json")], graph_root, env)
+    if dumped.returncode:
+        fail("could not read mobilebuild's graph", dumped)
+    shutil.copy(graph_root / "tinynet.py", root / "tinynet.py")
+
+
 def build_once(root, label, env=None):
     run = measure([PYTHON, "-m", "doit", "-n", "2"], root, env)  # only the setup: both cores
     if run.returncode:
@@ -158,8 +197,9 @@ def noop_problem(run, tasks):
 
 
 def expect_noop(tasks):
+    """tasks: {contender: how many file tasks its no-op skips}."""
     def check(name, run):
-        problem = noop_problem(run, tasks)
+        problem = noop_problem(run, tasks[name])
         if problem:
             fail(f"{name}: not a no-op ({problem})", run)
     return check
@@ -181,25 +221,32 @@ def torch_free_noop(root, scratch, tasks):
 
 
 def measure_size(scratch, count, repeats, env):
-    """Build a monorepo of `count` recipes and a bare dodo with as many file tasks; time their no-ops."""
-    graph, bare = scratch / f"monorepo-{count}", scratch / f"bare-{count}"
-    graph.mkdir()
-    bare.mkdir()
+    """Build a monorepo of `count` recipes, a bare dodo with as many file tasks and a plain doit dodo over the same
+    graph; time their no-ops. Returns (monorepo, tasks, runs, ratio to bare doit, ratio to the same graph)."""
+    graph, bare, same = scratch / f"monorepo-{count}", scratch / f"bare-{count}", scratch / f"same-{count}"
+    for folder in (graph, bare, same):
+        folder.mkdir()
     make_monorepo(graph, count)
     tasks = len(file_tasks(graph))
     print(f"generated {count} recipes x 5 targets: {tasks} file tasks; bare dodo with {tasks} file tasks")
     make_bare(bare, tasks)
     build_once(graph, f"the {count}-recipe monorepo", env)
+    make_same_graph(graph, same, env)
     build_once(bare, "the bare dodo", env)
+    build_once(same, "doit over the same graph", env)
     command = [PYTHON, "-m", "doit"]
-    contenders = {"bare doit": lambda: measure(command, bare, env), "mobilebuild": lambda: measure(command, graph, env)}
-    check = expect_noop(tasks)
+    contenders = {"bare doit": lambda: measure(command, bare, env), "mobilebuild": lambda: measure(command, graph, env),
+                  "doit, same graph": lambda: measure(command, same, env)}
+    nodes = len(json.loads((same / "graph.json").read_text()))
+    check = expect_noop({"bare doit": tasks, "mobilebuild": tasks, "doit, same graph": nodes})
     for name, contender in contenders.items():  # untimed: fills the page cache and the bytecode cache
         check(name, contender())
     print(f"{repeats} interleaved up-to-date runs of each:")
     runs = interleave(contenders, repeats, check)
     print(f"\n{count} recipes, {tasks} file tasks each")
-    return graph, tasks, runs, summary(runs, "bare doit", "mobilebuild")
+    ratio = summary(runs, "bare doit", "mobilebuild")
+    print()
+    return graph, tasks, runs, ratio, summary(runs, "doit, same graph", "mobilebuild")
 
 
 def main():
@@ -215,13 +262,14 @@ def main():
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         sizes = {count: measure_size(scratch, count, args.repeats, env) for count in sorted(args.recipes)}
         rows = []
-        for count, (_, tasks, runs, ratio) in sizes.items():
+        for count, (_, tasks, runs, ratio, same_ratio) in sizes.items():
             seconds = median(r.seconds for r in runs["mobilebuild"])
             rss = median(r.peak_rss_mb for r in runs["mobilebuild"])
             rows.append([str(count), str(tasks), f"{seconds:.3f}", f"{seconds / tasks * 1e3:.3f}", f"{rss:.0f}",
-                         f"{ratio:.2f}x"])
+                         f"{ratio:.2f}x", f"{same_ratio:.2f}x"])
         print()
-        table(["recipes", "file tasks", "no-op (s)", "ms per task", "peak RSS (MB)", "vs bare doit"], rows)
+        table(["recipes", "file tasks", "no-op (s)", "ms per task", "peak RSS (MB)", "vs bare doit",
+               "vs doit, same graph"], rows)
         first, last = sizes[min(sizes)], sizes[max(sizes)]
         growth = last[1] / first[1]
         time_growth = median(r.seconds for r in last[2]["mobilebuild"]) / median(
@@ -235,7 +283,8 @@ def main():
               f"(poisoned-torch run: rc {poisoned.returncode}, {poisoned.seconds:.3f} s)")
         ratio = last[3]
         return verdict(ratio <= TARGET_RATIO and torch_free and time_growth <= growth and rss_growth <= growth,
-                       f"no-op ratio at {max(sizes)} recipes {ratio:.2f}x (target <= {TARGET_RATIO:.2f}x); time "
+                       f"no-op ratio at {max(sizes)} recipes {ratio:.2f}x (target <= {TARGET_RATIO:.2f}x; "
+                       f"{last[4]:.2f}x doit over the same graph); time "
                        f"x{time_growth:.2f} and memory x{rss_growth:.2f} for x{growth:.1f} tasks; torch "
                        f"{'not ' if torch_free else ''}imported")
 

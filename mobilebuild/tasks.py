@@ -3,48 +3,17 @@ tasks (`doit list`, an up-to-date `doit`) stays fast.
 """
 
 import functools
-import json
 import os
 
-from doit.dependency import MD5Checker
 from doit.tools import config_changed
 
-from mobilebuild import store
 from mobilebuild.build import distributed
 from mobilebuild.build.actions import check_verified, clean_output, clean_plots, fail_with, write_release, write_report
 from mobilebuild.build.doit_reporters import Reporter
 from mobilebuild.build.execute import run_node
+from mobilebuild.build.uptodate import ContentChecker, NodeUpToDate, ObservedFiles
 from mobilebuild.plan import graph, project, stages
 from mobilebuild.results import release
-
-
-def file_state(path, stat):
-    """(timestamp, size, sha256): what content_changed compares a file with later."""
-    return stat.st_mtime, stat.st_size, store.sha256_file(path)
-
-
-def content_changed(path, stat, state):
-    """Whether the file at `path` (now `stat`) differs from a file_state: by its size, or when its timestamp moved,
-    by its content. A file touched but unchanged has not changed; only a changed timestamp costs a hash."""
-    timestamp, size, digest = state
-    if stat.st_size != size:
-        return True
-    return stat.st_mtime != timestamp and digest != store.sha256_file(path)
-
-
-class ContentChecker(MD5Checker):
-    """doit's default check (timestamp first, then content), with sha256 in place of md5: faster here, and shared
-    through store.sha256_file with the manifest, so each artifact is hashed once per run."""
-
-    def check_modified(self, file_path, file_stat, state):
-        return content_changed(file_path, file_stat, state)
-
-    def get_state(self, dep, current_state):
-        stat = os.stat(dep)
-        if current_state and current_state[0] == stat.st_mtime:
-            return None
-        return file_state(dep, stat)
-
 
 DOIT_CONFIG = {
     "default_tasks": ["build"],
@@ -81,81 +50,6 @@ def invalid_recipes(root):
     return project_graph(root)[1]
 
 
-class KeyChanged(config_changed):
-    """doit's config_changed on a node's key, remembering the key itself: `doit info TASK` then names the settings
-    that changed since the last build (`config.calibration.batches: 16 -> 24`), not the whole key."""
-
-    def configure_task(self, task):
-        super().configure_task(task)
-        task.value_savers.append(lambda: {"_key": self.config})
-
-    def __call__(self, task, values):
-        self.previous = values.get("_key")
-        return super().__call__(task, values)
-
-    def __repr__(self):
-        previous = getattr(self, "previous", None)
-        if previous is None:
-            return "no settings recorded by an earlier build of this task"
-        changed = [f"{path}: {_short(before)} -> {_short(now)}" for path, before, now in _differences(previous,
-                                                                                                  self.config)]
-        return "changed: " + ("; ".join(changed) if changed else "nothing in the key (the previous run failed?)")
-
-
-def _differences(before, now, path=""):
-    """(path, before, now) of every leaf that differs between two JSON values."""
-    if isinstance(before, dict) and isinstance(now, dict):
-        for key in sorted(set(before) | set(now), key=str):
-            yield from _differences(before.get(key), now.get(key), f"{path}.{key}" if path else str(key))
-    elif before != now:
-        yield path, before, now
-
-
-def _short(value):
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class ObservedFiles:
-    """An uptodate check on files a task reads when they exist, without depending on the tasks that make them: a
-    release copies what the last build made, whichever of its tasks failed."""
-
-    def __init__(self, paths):
-        self.paths = paths
-
-    def digest(self):
-        return {path: store.sha256_file(path) if os.path.exists(path) else None for path in self.paths}
-
-    def __call__(self, task, values):
-        task.value_savers.append(lambda: {"observed": self.digest()})
-        return values.get("observed") == self.digest()
-
-
-class TargetIntact:
-    """Up to date only while the target is the file this task last wrote. doit records a run's results when the
-    run ends: a build killed after replacing an artifact leaves the new bytes under the old state, and reverting
-    the recipe would then take another version's artifact as up to date. A stat per task; the content is hashed
-    only when the stat differs (a file touched but unchanged stays up to date)."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def state(self):
-        try:
-            return file_state(self.path, os.stat(self.path))
-        except FileNotFoundError:
-            return None
-
-    def __call__(self, task, values):
-        task.value_savers.append(lambda: {"target": self.state()})
-        recorded = values.get("target")
-        try:
-            stat = os.stat(self.path)
-        except FileNotFoundError:
-            return False
-        return recorded is not None and not content_changed(self.path, stat, recorded)
-
-
 def output_capture():
     """doit captures a task's output by swapping sys.stdout for the task's run. In threads (`--dask` runs doit with
     `-P thread`) the swaps overlap and are undone out of order, leaving one task's capture in place for good: output
@@ -172,7 +66,7 @@ def _tasks(stage):
                 "io": output_capture(),
                 "file_dep": node.dependencies(),
                 "targets": [node.output],
-                "uptodate": [KeyChanged(node.key()), TargetIntact(node.output)],
+                "uptodate": [NodeUpToDate(node)],
                 "clean": [(clean_output, [node.output])],
                 "doc": f"{node.output} ({node.recipe_file})",
             }

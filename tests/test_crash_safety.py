@@ -7,7 +7,7 @@
 - Two builds started at once in one repository both succeed, one after the other.
 - A parallel build (`doit -n 2`, processes) and a build in another checkout give the serial build's bytes.
 - A build killed after writing an artifact of a changed recipe, then the change reverted, rebuilds that artifact
-  (tasks.py TargetIntact: doit records a run's results only when it ends).
+  (tasks.py NodeUpToDate: doit records a run's results only when it ends).
 - The manifest of a parallel build records every result (it used to miss those that finished after it).
 
 Artifacts are compared byte for byte, except the benchmark results and the manifest, whose timings legitimately

@@ -8,7 +8,7 @@ import yaml
 from conftest import tiny_recipe
 
 from mobilebuild.errors import RecipeErrors
-from mobilebuild.plan import graph, recipe
+from mobilebuild.plan import graph, recipe, stages
 
 
 def nodes_for(root, data):
@@ -208,3 +208,20 @@ def test_settings_dynamic_and_qat_lack_on_these_routes_are_one_line_naming_the_f
         nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "xnnpack"}, {**target, "quantize": quantize}]))
     line = str(caught.value)
     assert line.startswith(f"recipes/r.yaml: targets[1].{field}: ") and line.endswith(message) and "\n" not in line
+
+
+def test_recipe_fields_name_settings_their_stages_have():
+    for stage in stages.all_stages():
+        assert set(stage.recipe_fields) <= {setting.name for setting in dataclasses.fields(stage.config)}, stage.name
+
+
+def test_a_setting_is_named_by_its_recipe_field_where_the_target_has_its_own(tmp_path):
+    """What `doit info` says changed: the recipe's field, the target's own section where it has one."""
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "qnnpack", "quantize": {"observer": "minmax"}},
+                                                     {"backend": "nnapi", "nnapi": {"mode": "full"}}]))
+    own, shared = nodes["quantize:tiny-qnnpack-own"], nodes["quantize:tiny-qnnpack"]
+    assert stages.recipe_field("quantize", "observer", own.fields) == "targets[0].quantize.observer"
+    assert stages.recipe_field("quantize", "calibration.batches", shared.fields) == "quantize.calibration.batches"
+    assert stages.recipe_field("nnapi", "mode", nodes["nnapi:tiny-nnapi"].fields) == "targets[1].nnapi.mode"
+    assert stages.recipe_field("verify", "seed", {}) == "verify.seed"
+    assert stages.recipe_field("quantize", "engine", own.fields) is None  # the route's, not the recipe's

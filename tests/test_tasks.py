@@ -3,6 +3,9 @@
 import importlib
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, tiny_recipe
@@ -10,6 +13,7 @@ from conftest import REPO, tiny_recipe
 from mobilebuild import store
 
 pytestmark = pytest.mark.slow  # incremental builds through real doit
+MOBILEBUILD = str(Path(sys.executable).with_name("mobilebuild"))
 
 ALL_TASKS = sorted([
     "checkpoint:tiny", "fuse:tiny", "quantize:tiny-qnnpack", "script:tiny-fp32", "script:tiny-int8-qnnpack",
@@ -40,7 +44,16 @@ def test_changing_calibration_rebuilds_quantize_and_what_follows_only(project):
     changed = tiny_recipe(quantize={"calibration": {"source": "random", "batches": 24, "seed": 0}})
     project.write_recipe(changed)
     explained = project.run("info", "quantize:tiny-qnnpack").stdout  # before the build that follows
-    assert "    - changed: config.calibration.batches: 16 -> 24 (args=[], kwargs={})" in explained
+    assert "    - changed: recipes/tiny.yaml: quantize.calibration.batches: 16 -> 24 (args=[], kwargs={})" in explained
+    why = subprocess.run([MOBILEBUILD, "why", "quantize:tiny-qnnpack", "fuse:tiny"], cwd=project.root,
+                         capture_output=True, text=True, timeout=600)
+    assert why.returncode == 0, why.stderr
+    lines = why.stdout.splitlines()
+    assert lines[:2] == ["quantize:tiny-qnnpack (artifacts/tiny/quantized-qnnpack.pt, from recipes/tiny.yaml): would "
+                         "run, because", "  - recipes/tiny.yaml: quantize.calibration.batches: 16 -> 24"]
+    assert '      quantize.calibration: {"batches": 24, "kwargs": {}, "seed": 0, "source": "random"}' in lines
+    assert '      engine (derived): "qnnpack"' in lines
+    assert "fuse:tiny (artifacts/tiny/fused.pt, from recipes/tiny.yaml): up to date" in lines
     assert project.doit() == ["bench:tiny-qnnpack", "layers:tiny-qnnpack", "manifest:tiny", "optimize:tiny-qnnpack",
                               "plot:tiny", "quantize:tiny-qnnpack", "script:tiny-int8-qnnpack", "verified:tiny",
                               "verify:tiny-qnnpack"]
@@ -51,6 +64,8 @@ def test_changing_one_targets_blocklist_rebuilds_that_target_alone(project):
     project.doit()
     targets = [{"backend": "xnnpack", "optimize": {"blocklist": ["INSERT_FOLD_PREPACK_OPS"]}}, {"backend": "qnnpack"}]
     project.write_recipe(tiny_recipe(targets=targets))
+    explained = project.run("info", "optimize:tiny-xnnpack").stdout
+    assert "changed: recipes/tiny.yaml: targets[0].optimize.blocklist: [] -> [\"INSERT_FOLD_PREPACK_OPS\"]" in explained
     assert project.doit() == ["bench:tiny-xnnpack", "manifest:tiny", "optimize:tiny-xnnpack", "plot:tiny",
                               "verified:tiny", "verify:tiny-xnnpack"]
 

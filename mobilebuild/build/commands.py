@@ -1,5 +1,5 @@
-"""doit command plugins: `doit report`, `doit graph` and a quieter `doit clean` (registered in pyproject.toml,
-[tool.doit.plugins.command], and by `mobilebuild` itself). None builds anything."""
+"""doit command plugins: `doit report`, `doit graph`, `doit why` and a quieter `doit clean` (registered in
+pyproject.toml, [tool.doit.plugins.command], and by `mobilebuild` itself). None builds anything."""
 
 import io
 import os
@@ -9,12 +9,14 @@ from pathlib import Path
 
 from doit import cmd_clean
 from doit.cmd_base import Command, DoitCmdBase
+from doit.exceptions import InvalidCommand
 
 from mobilebuild import store
+from mobilebuild.build.uptodate import NodeUpToDate
 from mobilebuild.plan import graph, stages
 
 PLUGINS = {name: f"mobilebuild.build.commands:{cls}" for name, cls in (
-    ("report", "Report"), ("graph", "Graph"), ("clean", "Clean"))}
+    ("report", "Report"), ("graph", "Graph"), ("clean", "Clean"), ("why", "Why"))}
 BUILT_FOLDERS = (graph.ARTIFACTS_DIR, "release")
 
 # The stages' own colours (plan.stages), and the tasks that gather them.
@@ -91,6 +93,56 @@ def dot_source(tasks):
     lines += [f'  "{source}" -> "{target}";' for source, target in sorted(edges)]
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+class Why(DoitCmdBase):
+    doc_purpose = ("say why each named task would run, or that it is up to date: the recipe fields, toolchain and "
+                   "files that changed since its last build, then the parts of its up-to-date key")
+    doc_usage = "TASK [TASK ...]"
+    doc_description = None
+    cmd_options = ()
+
+    def _execute(self, pos_args=None):
+        if not pos_args:
+            raise InvalidCommand("`why` takes one or more task names (`doit list --all` lists them)")
+        tasks = {task.name: task for task in self.task_list}
+        for name in pos_args:
+            if name not in tasks:
+                raise InvalidCommand(f"no task {name!r} (`doit list --all` lists them)")
+            task = tasks[name]
+            status = self.dep_manager.get_status(task, tasks, get_log=True)
+            self.outstream.write("\n".join(why(task, status)) + "\n")
+        return 0
+
+
+# doit's reasons for running a task that are about files, as `why` words them
+FILE_REASONS = {"missing_target": "its output is missing: {}", "changed_file_dep": "an input changed: {}",
+                "missing_file_dep": "an input is missing: {} (build what makes it first)",
+                "added_file_dep": "it reads a new input: {}", "removed_file_dep": "it no longer reads {}"}
+
+
+def why(task, status):
+    """Lines saying whether `task` is up to date and why not (doit's DependencyStatus, taken with get_log)."""
+    check = next((utd for utd, _, _ in task.uptodate if isinstance(utd, NodeUpToDate)), None)
+    where = f" ({check.node.output}, from {check.node.recipe_file})" if check else ""
+    if status.status == "up-to-date":
+        lines = [f"{task.name}{where}: up to date"]
+    else:
+        lines = [f"{task.name}{where}: would run, because"]
+        reasons = status.reasons
+        for utd, _, _ in reasons.get("uptodate_false", ()):
+            lines += [f"  - {line}" for line in (utd.changes() if isinstance(utd, NodeUpToDate) else [repr(utd)])]
+        for reason, sentence in FILE_REASONS.items():
+            lines += [f"  - {sentence.format(path)}" for path in reasons.get(reason, ())]
+        if reasons.get("checker_changed"):
+            lines.append("  - doit's file checker changed since its last build")
+        if reasons.get("has_no_dependencies") or status.status == "error":
+            lines.append(f"  - {status.error_reason or 'it has no dependencies: it always runs'}")
+    if check:
+        lines.append("  its up-to-date key:")
+        lines += [f"    {line}" for line in check.parts()]
+        lines.append(f"    files, by content: {', '.join(sorted(task.file_dep)) or 'none'}")
+    return lines
 
 
 class Clean(cmd_clean.Clean):

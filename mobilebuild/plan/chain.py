@@ -5,6 +5,7 @@ where the target does not need it (no pruning, a float target's quantization). T
 same node names, so their nodes merge. Names, settings and paths only.
 """
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,14 +30,21 @@ def model_source(model):
 def source_files(root, *specs):
     """The repository files behind 'package.module:function' specs that live in the repository, found without
     importing anything, so that editing a factory rebuilds what it made."""
-    found = []
-    for spec in filter(None, specs):
-        module = spec.split(":")[0].split(".")
-        for candidate in (Path(root, *module).with_suffix(".py"), Path(root, *module, "__init__.py")):
-            if candidate.is_file():
-                found.append(candidate.relative_to(root).as_posix())
-                break
-    return tuple(found)
+    return tuple(found for found in (_module_file(root, spec) for spec in specs if spec) if found)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_file(root, spec):
+    """Asked for every node of every recipe that shares a factory: looked up once per process."""
+    module = spec.split(":")[0].split(".")
+    for candidate in (Path(root, *module).with_suffix(".py"), Path(root, *module, "__init__.py")):
+        if candidate.is_file():
+            return candidate.relative_to(root).as_posix()
+    return None
+
+
+def forget_source_files():
+    _module_file.cache_clear()
 
 
 @dataclass

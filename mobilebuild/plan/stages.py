@@ -221,6 +221,37 @@ def type_path(cls):
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+# --- where settings come from in the recipe ----------------------------------------------------------------------
+
+# For `doit info`, which names what changed since a node's last build by its recipe field: a setting means the same
+# field in every stage that has it, unless the stage's own `recipe_fields` say otherwise. "targets." marks a field of
+# the target itself. A setting named in neither is worked out by the planner (a route's engine, a precision...).
+RECIPE_FIELDS = {
+    "model": "model", "inputs": "inputs", "outputs": "outputs", "fuse": "fuse", "prune": "prune", "pruning": "prune",
+    "calibration": "quantize.calibration", "weights": "quantize.weights", "exclude": "quantize.exclude",
+    "observer": "quantize.observer", "quantization": "quantize", "batchnorm_stats": "model.batchnorm_stats",
+    "train": "model.train", "timing": "benchmark", "device": "benchmark.device", "samples": "verify.samples",
+    "thresholds": "verify.thresholds", "evaluation": "verify.evaluation", "script_mode": "script",
+}
+
+
+def recipe_field(stage, path, fields):
+    """The recipe field behind a setting's dotted `path` in `stage`'s settings (`calibration.batches` ->
+    `targets[1].quantize.calibration.batches` for a target with its own quantize), or None for a derived one.
+    `fields`: the node's Node.fields."""
+    setting, _, rest = path.partition(".")
+    found = get(stage).recipe_fields.get(setting, RECIPE_FIELDS.get(setting))
+    if found is None:
+        return None
+    if found.startswith("targets."):
+        found = found.replace("targets", fields.get("targets", "targets[*]"), 1)
+    else:
+        head = ".".join(found.split(".")[:2])
+        if head in fields:
+            found = fields[head] + found[len(head):]
+    return f"{found}.{rest}" if rest else found
+
+
 # --- the contracts -------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -239,6 +270,8 @@ class Stage:
     # What its output is, checked in a copy fetched from the shared cache before anything reads it (build/fetched.py):
     # "weights" (a torch.save archive of tensors only) or "torchscript"; None: only runtimes read it, never Python.
     form: str | None = None
+    # Its settings' recipe fields where they differ from RECIPE_FIELDS' (see recipe_field)
+    recipe_fields: dict = field(default_factory=dict)
 
     @property
     def module_path(self):
@@ -285,9 +318,10 @@ def all_stages():
 
 for _stage in (
     Stage("train", TrainConfig, {}, "Train models whose recipe has model.train; their weights become the checkpoint.",
-          "#f4cccc", form="weights"),
+          "#f4cccc", form="weights", recipe_fields={"seed": "model.seed"}),
     Stage("checkpoint", CheckpointConfig, {"weights": ("train", FILE)},
-          "Materialise each model's weights as a state_dict.", "#fce5cd", form="weights"),
+          "Materialise each model's weights as a state_dict.", "#fce5cd", form="weights",
+          recipe_fields={"seed": "model.seed"}),
     Stage("prune", PruneConfig, {"checkpoint": ("checkpoint",)},
           "Prune Conv/Linear weights (torch.nn.utils.prune, made permanent) for recipes or targets that ask.",
           "#f9cb9c", plan=f"{CHAINS}:prune", form="weights"),
@@ -296,32 +330,36 @@ for _stage in (
           plan=f"{CHAINS}:fuse", form="weights"),
     Stage("quantize", QuantizeConfig, {"model": ("fuse",), "trained": (FILE,)},
           "Static post-training quantization per engine.", "#d9ead3",
-          plan=f"{CHAINS}:quantize", form="weights"),
+          plan=f"{CHAINS}:quantize", form="weights", recipe_fields={"mode": "quantize.mode"}),
     Stage("script", ScriptConfig, {"model": ("fuse",), "quantized": ("quantize",)},
           "TorchScript per precision (script or trace).", "#d0e0e3",
-          plan=f"{CHAINS}:script", form="torchscript"),
+          plan=f"{CHAINS}:script", form="torchscript", recipe_fields={"mode": "script"}),
     Stage("optimize", OptimizeConfig, {"scripted": ("script",)},
           "optimize_for_mobile per target, saved for the lite interpreter (.ptl).", "#c9daf8",
-          plan=f"{CHAINS}:optimize"),
+          plan=f"{CHAINS}:optimize", recipe_fields={"options": "targets.optimize"}),
     Stage("nnapi", NnapiConfig, {"model": ("fuse",), "quantized": ("quantize",)},
           "NNAPI models (traced NHWC, converted by torch.backends._nnapi) with bundled inputs (.ptl).", "#a4c2f4",
-          plan=f"{CHAINS}:nnapi"),
+          plan=f"{CHAINS}:nnapi", recipe_fields={"mode": "targets.nnapi.mode", "options": "targets.optimize"}),
     Stage("lower", LowerConfig, {"model": ("fuse",)},
           "ExecuTorch programs (.pte) lowered to their delegate: XNNPACK, Vulkan, Core ML or MPS.", "#9fc5e8",
-          plan=f"{CHAINS}:lower"),
+          plan=f"{CHAINS}:lower",
+          recipe_fields={"options": "targets.executorch", "delegate": "targets.executorch.delegate",
+                         "mode": "quantize.mode"}),
     Stage("export", ExportConfig, {"model": ("fuse",)},
           "ONNX models (.onnx), int8 through onnxruntime's static or dynamic quantization.", "#a2c4c9",
-          plan=f"{CHAINS}:export"),
+          plan=f"{CHAINS}:export", recipe_fields={"options": "targets.onnx", "mode": "quantize.mode"}),
     Stage("verify", VerifyConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint", "prune"),
                                    "unpruned": ("checkpoint",)},
           "Compare each artifact with the fp32 eager model in its runtime (SQNR, cosine, max error, top-1, "
-          "accuracy); fails for results below the recipe's thresholds.", "#d9d2e9"),
+          "accuracy); fails for results below the recipe's thresholds.", "#d9d2e9",
+          recipe_fields={"seed": "verify.seed"}),
     Stage("bench", BenchConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint",)},
           "Time each artifact, and the eager fp32 baseline, in a process of its own; device runs where attached.",
           "#ead1dc", measures=True),
     Stage("layers", LayersConfig, {"model": ("fuse",), "quantized": ("quantize",), "artifact": (SHIPPED,)},
           "Per-layer error of each int8 artifact the host runs: its layers against the float model's, each fed "
-          "the float model's inputs, the worst first.", "#e4d7ee"),
+          "the float model's inputs, the worst first.", "#e4d7ee",
+          recipe_fields={"seed": "verify.seed", "top": "verify.layers_top", "mode": "quantize.mode"}),
     # The manifest reads results as they are now, which no key describes: it is always written afresh (and cheap).
     Stage("manifest", ManifestConfig, None, "artifacts/<recipe>/manifest.json: every file with its stage, target, "
           "sha256 and size.", "#eeeeee", in_process=True, cached=False),
