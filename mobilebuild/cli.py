@@ -35,6 +35,8 @@
     mobilebuild report                   rewrite artifacts/report.{md,html} from existing results
     mobilebuild graph [-o FILE]          the task graph as Graphviz DOT (SVG/PNG too where `dot` is installed)
     mobilebuild list|clean|forget|info ...   doit's own commands over the same tasks
+    mobilebuild why TASK...              why each task would run (the recipe fields, toolchain and files that changed)
+                                         or that it is up to date, then its up-to-date key's parts
 """
 
 import argparse
