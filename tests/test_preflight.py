@@ -156,7 +156,7 @@ def root(tmp_path_factory):
 @pytest.fixture
 def advice_only(monkeypatch):
     """The build's tasks replaced by a stand-in that makes nothing: what is left is the model's advice."""
-    def make(task_names, finished):
+    def make(task_names, finished, verify_tasks=None):
         for name in task_names:
             finished(name, shipped.Outcome("failed", name, "not made: the build's tasks are not run in this test"))
         return 1

@@ -6,8 +6,9 @@ from mobilebuild.errors import few
 
 # build-fails: a task of the build up to the target's artifact fails (the build's own error); cannot-run: the artifact
 # was made, and this host's runtime cannot load or run it. A fallback (operators outside the delegate, on the portable
-# kernels) builds, loads and runs: a warning.
-KINDS = ("build-fails", "cannot-run", "fallback", "advice")
+# kernels) builds, loads and runs: a warning. interface: an input dtype, a dynamic dim or the output structure the
+# target does not keep as the model has it (interface.py).
+KINDS = ("build-fails", "cannot-run", "fallback", "interface", "advice")
 BLOCKING = frozenset(KINDS[:2])
 ALL_TARGETS = "*"
 SHOWN_PLACES = 4  # layers named in one finding before "and N more"

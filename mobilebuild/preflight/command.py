@@ -45,8 +45,10 @@ def header(report):
     """The lines before any target has finished: the recipe, the versions, the model's own findings."""
     versions = ", ".join(f"{name} {version}" for name, version in report["versions"].items() if version)
     model = report["model"]
+    how = ("structure as the last check found it (same model, inputs, fusion and code)" if model.get("cached")
+           else f"built and fused in {model['seconds']:.1f} s")
     lines = [f"{report['recipe']} ({report['file']}): {versions}",
-             f"model: built and fused in {model['seconds']:.1f} s; all targets: {_status(model['findings'])}"]
+             f"model: {how}; all targets: {_status(model['findings'])}"]
     return lines + _table(model["findings"], model["notes"])
 
 

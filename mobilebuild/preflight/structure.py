@@ -185,21 +185,43 @@ def unfolded_batch_norms(fused, specs):
     return found, []
 
 
-class Model:
-    """The recipe's model as the fuse stage leaves it, and what its structure says."""
+def describe_output(value):
+    """The structure of a model's output as JSON: "tensor", {"tuple": [...]}, {"list": [...]}, {"dict": [[key,
+    ...]]}, {"namedtuple": class name, "fields": [[field, ...]]}, or {"other": type name}."""
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, dict):
+        return {"dict": [[str(key), describe_output(item)] for key, item in value.items()]}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {"namedtuple": type(value).__name__,
+                "fields": [[field, describe_output(item)] for field, item in zip(value._fields, value)]}
+    if isinstance(value, (tuple, list)):
+        return {"list" if isinstance(value, list) else "tuple": list(map(describe_output, value))}
+    return {"other": type(value).__name__}
 
-    def __init__(self, recipe_, root):
-        self.recipe = recipe_
-        self.inputs = recipe_.inputs
-        self.outputs = recipe_.outputs
-        with _importable(root):
-            model = modeling.build_model(recipe_.model, recipe_.model["seed"])
-            executed, self.converts_to_nhwc = executed_layers(model, self.inputs)
-            self.activations = layer_activations(model)
-            self.findings = width_findings(model, executed)
-            self.fused, _ = fuse.fuse(model, recipe_.fuse)
-        batch_norms, self.notes = unfolded_batch_norms(self.fused, self.inputs)
-        self.findings += batch_norms
+
+def analyse(recipe_, root):
+    """What the model's structure says whatever the target, as JSON: {"activations": [[layer, "conv" | "linear",
+    activation]], "converts_to_nhwc": bool, "outputs": describe_output's structure, "own_stubs": whether it has a
+    QuantStub of its own, "findings": [...], "notes": [...]}. The recipe's model is built with random weights and
+    fused as the fuse stage fuses it; a model that cannot be built raises MobileBuildError."""
+    inputs = recipe_.inputs
+    with _importable(root):
+        model = modeling.build_model(recipe_.model, recipe_.model["seed"])
+        returned = []
+        hook = model.register_forward_hook(lambda _module, _args, output: returned.append(output))
+        try:
+            executed, converts_to_nhwc = executed_layers(model, inputs)
+        finally:
+            hook.remove()
+        activations = layer_activations(model)
+        findings = width_findings(model, executed)
+        own_stubs = any(isinstance(module, torch.ao.quantization.QuantStub) for module in model.modules())
+        fused, _ = fuse.fuse(model, recipe_.fuse)
+    batch_norms, notes = unfolded_batch_norms(fused, inputs)
+    return {"activations": [list(pair) for pair in activations], "converts_to_nhwc": bool(converts_to_nhwc),
+            "outputs": describe_output(returned[0]) if returned else None, "own_stubs": own_stubs,
+            "findings": findings + batch_norms, "notes": notes}
 
 
 @contextlib.contextmanager

@@ -1,32 +1,42 @@
 """What one target's shipped artifact, once the build's own tasks have made it (shipped.py), and the model's structure
 say for that target. The route names the check it gets (`Route.preflight`, a method of TargetCheck here, or a function
 of its own stage module taking the TargetCheck); every target whose artifact was made and runs on this host is then
-loaded and run once in its runtime, as verify would."""
+loaded and run once in its runtime, as verify would, unless the build's verify already ran those very bytes here (its
+result is up to date): then its recorded outcome stands, as do the delegation facts it read from an ExecuTorch
+program. torch, ExecuTorch and the stages are imported only where something is left to compute."""
 
 import importlib
 import os
 from pathlib import Path
 
-import torch
-
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import graph
 from mobilebuild.preflight.advice import activation_findings, finding
+from mobilebuild.preflight.interface import findings as interface_findings
+from mobilebuild.preflight.recorded import (
+    RAN_ON_HOST,
+    cached_quantized_note,
+    outcome_line,
+    remember_quantized_note,
+    verify_result,
+)
 from mobilebuild.worker import measure_alone, pte, runtimes
-from mobilebuild.worker.stages import fx_quantize, lower, modeling, quantize
 
 
 class TargetCheck:
     """Findings, notes (what was not checked, and why) and facts (how the artifact was made, the delegation summary)
     for one target. `artifact`: the node that writes its shipped artifact; `nodes`: the project's nodes by task
-    name."""
+    name; `memory`: what earlier checks of the recipe found (preflight.recorded.Memory), or None."""
 
-    def __init__(self, target, route, model, artifact, nodes):
+    def __init__(self, target, route, model, artifact, nodes, memory=None):
         self.target, self.route, self.model, self.artifact = target, route, model, artifact
         self.nodes = nodes
+        self.memory = memory
         self.by_output = {node.output: node for node in nodes.values()}
         self.findings, self.notes, self.facts = [], [], {}
         self.built = False
+        self.verified = None  # the build's verify result about these very bytes, where there is one
+        self.verify_current = False  # ... and doit found that verify task up to date: the same settings too
 
     def add(self, kind, detail, where):
         self.findings.append(finding(self.target.id, kind, detail, where))
@@ -37,6 +47,8 @@ class TargetCheck:
         self.built = outcome.made != "failed"
         if not self.built:
             self.add("build-fails", outcome.error + self._layout_hint(outcome.error), outcome.failed_task)
+        else:
+            self.recorded_verify(outcome)
         if self.route.preflight is None:
             self.notes.append(f"no pre-flight check of its own for {self.route.backend} ({self.route.runtime}): the "
                               "build's tasks are all it ran")
@@ -50,14 +62,29 @@ class TargetCheck:
             self.host_run()
         fixed = graph.fixed_shape(self.model.recipe, self.route, self.route.precision(self.target),
                                   self.target.quantize.get("mode", "static"))
-        if fixed:
-            self.notes.append(fixed)
+        self.findings += interface_findings(self.target, self.route, self.model.recipe,
+                                            {"outputs": self.model.outputs_structure,
+                                             "own_stubs": self.model.own_stubs}, self.built, fixed)
 
     # --- what runs the artifact ---------------------------------------------------------------------------------
 
+    def recorded_verify(self, outcome):
+        """The build's verify result for the artifact, when it is about the artifact's present bytes: doit found the
+        verify task up to date before this check, and the artifact's task up to date (or the result names the
+        artifact's sha256)."""
+        verify = self.nodes.get(f"verify:{self.artifact.name}")
+        if verify is None:
+            return
+        self.verify_current = outcome.verify_current
+        self.verified = verify_result(verify.output, self.artifact.output,
+                                               outcome.verify_current and outcome.made == "up to date")
+        if self.verified is None:
+            self.verify_current = False
+
     def host_run(self):
         """The artifact loaded in its runtime and run once on the example inputs, as verify loads it: a program this
-        host's runtime cannot load or run (a missing kernel) cannot run."""
+        host's runtime cannot load or run (a missing kernel) cannot run. Where the build's verify, up to date, ran
+        these very bytes on this host (it passed or missed its thresholds: it loaded and ran), its outcome stands."""
         if not self.route.runs_on_host:
             self.notes.append(f"not run here: it runs only on {self.route.device_only}")
             return
@@ -65,8 +92,18 @@ class TargetCheck:
             self.notes.append(f"not run here: the target's toolchain {self.target.toolchain} built it, and its "
                               "verify runs it there")
             return
+        if self.verify_current and self.verified.get("status") in RAN_ON_HOST:
+            self.facts["host_run"] = {"by": "verify", "status": self.verified["status"]}
+            self.notes.append(f"not run again: the build's verify ran these bytes here: "
+                              f"{outcome_line(self.verified)}")
+            return
+        import torch
+
+        from mobilebuild.worker.stages import modeling
+
         verify = self.nodes[f"verify:{self.artifact.name}"]
         where = f"{self.route.runtime} runtime"
+        self.facts["host_run"] = {"by": "check"}
         try:
             with measure_alone.stage_running(f"check:{self.artifact.name}", os.getcwd()), torch.no_grad():
                 program = runtimes.load(Path(self.artifact.output), verify.settings)
@@ -91,19 +128,33 @@ class TargetCheck:
 
     def quantization_note(self):
         """Where eager mode could not quantize the model, the quantize stage quantized it in FX graph mode: which
-        operations stay float, from the quantized model the build stored."""
+        operations stay float, from the quantized model the build stored (what an earlier check found in the same
+        bytes, where one did)."""
         reader = self.upstream("quantized")
         if reader is None:
             return
+        path = reader.inputs["quantized"]
+        digest, note = cached_quantized_note(self.memory, path) if self.memory else (None, False)
+        if note is False:
+            note = self._fx_note(reader)
+            if self.memory:
+                remember_quantized_note(self.memory, path, digest, note)
+        if note:
+            self.notes.append(note)
+
+    @staticmethod
+    def _fx_note(reader):
+        from mobilebuild.worker.stages import fx_quantize, modeling, quantize
+
         saved = modeling.load_weights_only(reader.inputs["quantized"], field=None)
         if not (isinstance(saved, dict) and saved.get(quantize.GRAPH_MODE) == "fx"):
-            return
+            return None
         quantized = quantize.load_quantized({role: Path(path) for role, path in reader.inputs.items()},
                                             reader.settings)
         kept = fx_quantize.kept_float(quantized)
         floats = ", ".join(f"{name} x{count}" for name, count in sorted(kept.items())) or "none"
-        self.notes.append(f"int8: eager mode cannot quantize the model, so the build quantized it in FX graph mode; "
-                          f"operations kept float: {floats}")
+        return (f"int8: eager mode cannot quantize the model, so the build quantized it in FX graph mode; operations "
+                f"kept float: {floats}")
 
     # PyTorch Mobile: optimize_for_mobile for CPU (XNNPACK, QNNPACK) or GPU (Vulkan, Metal)
 
@@ -127,7 +178,7 @@ class TargetCheck:
             self.quantization_note()
         self.findings += activation_findings(self.target.id, "nnapi/pytorch-mobile", self.model.activations)
 
-    # ExecuTorch: what the program delegates, read from the .pte
+    # ExecuTorch: what the program delegates, read from the .pte (by the build's verify, where it read these bytes)
 
     def executorch(self):
         delegate = self.artifact.config.get("delegate") or self.route.delegate
@@ -135,10 +186,12 @@ class TargetCheck:
         self.findings += activation_findings(self.target.id, f"executorch/{delegate}", self.model.activations)
         if not self.built:
             return
-        summary = pte.read(self.artifact.output).delegation
+        summary = ((self.verified or {}).get("artifact") or {}).get("delegation")
+        if not isinstance(summary, dict):
+            summary = pte.read(self.artifact.output).delegation  # imports ExecuTorch's exir: seconds
         self.facts["delegation"] = summary
-        name = lower.BACKEND_NAMES[delegate]
-        message = lower.undelegated_message(summary, delegate)
+        name = pte.BACKEND_NAMES[delegate]
+        message = pte.undelegated_message(summary, delegate)
         if message:
             self.add("fallback", message, "whole program")
             return

@@ -1,15 +1,17 @@
-"""Checking a whole recipe: its model's structure (structure.py), each target's shipped artifact made by the build's
-own tasks (shipped.py), then what the artifact and the model say for each target (targets.py)."""
+"""Checking a whole recipe: its model's structure (structure.py, or what an earlier check found for the same model:
+recorded.py), each target's shipped artifact made by the build's own tasks (shipped.py), then what the artifact and
+the model say for each target (targets.py)."""
 
 import contextlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import project, recipe, routes, toolchain
 from mobilebuild.preflight.advice import BLOCKING
+from mobilebuild.preflight.recorded import Memory, cached_structure, remember_structure, structure_key
 from mobilebuild.preflight.shipped import Outcome, make
-from mobilebuild.preflight.structure import Model
 from mobilebuild.preflight.targets import TargetCheck
 from mobilebuild.worker.quiet import quiet
 
@@ -55,6 +57,54 @@ def _artifacts(loaded, chosen, root):
     return {target.id: shipped_nodes[target.id] for target, _ in chosen}, by_task
 
 
+@dataclass
+class Model:
+    """The recipe's model as the checks of its targets see it: the recipe, and what its structure says (structure.py's
+    facts: activations after each layer, whether it converts its own input to NHWC, the structure of its outputs,
+    whether it has QuantStubs of its own, findings, notes). `cached`: the facts are an earlier check's, for the same
+    model, inputs, fusion, code and versions."""
+
+    recipe: object
+    activations: list
+    converts_to_nhwc: bool
+    findings: list
+    notes: list
+    outputs_structure: object = None
+    own_stubs: bool = False
+    cached: bool = False
+
+    @property
+    def inputs(self):
+        return self.recipe.inputs
+
+    @property
+    def outputs(self):
+        return self.recipe.outputs
+
+
+def model_facts(loaded, root, memory):
+    """The model's structure facts: an earlier check's for the same key, else analysed now (torch, the model built
+    and fused) and remembered."""
+    key = structure_key(loaded, root)
+    facts = cached_structure(memory, key)
+    if facts is not None:
+        return _model(loaded, facts, cached=True)
+    from mobilebuild.preflight.structure import analyse  # torch, and the model's own imports (torchvision)
+
+    with _quiet():
+        try:
+            facts = analyse(loaded, root)
+        except MobileBuildError as exc:
+            raise exc.located(loaded.file) from None
+    remember_structure(memory, key, facts)
+    return _model(loaded, facts)
+
+
+def _model(loaded, facts, cached=False):
+    return Model(loaded, facts["activations"], facts["converts_to_nhwc"], facts["findings"], facts["notes"],
+                 facts.get("outputs"), facts.get("own_stubs", False), cached)
+
+
 def _quiet():
     """torch.ao and torch.jit warn about deprecations on every call; the findings are what the user reads."""
     return quiet(logs=None, output=False)
@@ -72,14 +122,11 @@ def run(recipe_path, root, targets=None, on_model=None, on_target=None):
     with contextlib.chdir(root):
         artifacts, nodes = _artifacts(loaded, chosen, root)
         started = time.perf_counter()
-        with _quiet():
-            try:
-                model = Model(loaded, root)
-            except MobileBuildError as exc:
-                raise exc.located(loaded.file) from None
+        memory = Memory(root, loaded.name)
+        model = model_facts(loaded, root, memory)
         versions = {name: toolchain.versions()[name] for name in VERSIONS}
         report = {"recipe": loaded.name, "file": loaded.file, "versions": versions,
-                  "model": {"findings": model.findings, "notes": model.notes,
+                  "model": {"findings": model.findings, "notes": model.notes, "cached": model.cached,
                             "seconds": round(time.perf_counter() - started, 2)}}
         if on_model:
             on_model(report)
@@ -89,7 +136,7 @@ def run(recipe_path, root, targets=None, on_model=None, on_target=None):
 
         def finished(task_name, outcome):
             target, route = by_task[task_name]
-            check = TargetCheck(target, route, model, artifacts[target.id], nodes)
+            check = TargetCheck(target, route, model, artifacts[target.id], nodes, memory)
             with _quiet():
                 check.run(outcome)
             results[target.id] = {"target": target.id, "backend": route.backend, "runtime": route.runtime,
@@ -99,7 +146,9 @@ def run(recipe_path, root, targets=None, on_model=None, on_target=None):
             if on_target:
                 on_target(results[target.id])
 
-        status = make(list(by_task), finished)
+        status = make(list(by_task), finished,
+                      verify_tasks={task_name: f"verify:{artifacts[target.id].name}"
+                                    for task_name, (target, _) in by_task.items()})
         for task_name, (target, route) in by_task.items():
             if target.id not in results:  # doit itself failed (its own error is on stderr)
                 finished(task_name, Outcome("failed", task_name, f"doit did not run it (exit {status})"))

@@ -1,6 +1,7 @@
 """Reading an ExecuTorch program (.pte) back: how much of it went to delegates (the lower stage's message, verify's
 facts) and what the host runtime needs to run it (the backends it calls, each input's dim order). One
-deserialization answers both."""
+deserialization answers both. Importing this module imports neither torch nor ExecuTorch: `mobilebuild check` words a
+delegation summary verify recorded without them."""
 
 from collections import Counter
 from dataclasses import dataclass
@@ -8,7 +9,9 @@ from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker.executorch_setup import ensure_flatc
-from mobilebuild.worker.stages import modeling
+
+# ExecuTorch's delegates (the lower stage's `executorch.delegate`) as people name them
+BACKEND_NAMES = {"xnnpack": "XNNPACK", "vulkan": "Vulkan", "coreml": "Core ML", "mps": "MPS"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,8 @@ def read(pte):
     try:
         return _read(data)
     except Exception as exc:  # flatc or the schema rejects it: not a program this ExecuTorch reads
+        from mobilebuild.worker.stages import modeling
+
         raise MobileBuildError(f"{pte} is not a readable ExecuTorch program: {modeling.first_line(exc)}",
                                field="targets") from None
 
@@ -65,3 +70,11 @@ def _delegation(program):
 
 def _operator_name(operator):
     return f"{operator.name}.{operator.overload}" if operator.overload else operator.name
+
+
+def undelegated_message(summary, delegate):
+    """The lower stage's warning for a program of which `delegate` took nothing (`summary`: a delegation), or None."""
+    if summary["delegated_calls"] == 0:
+        return (f"nothing was delegated to {BACKEND_NAMES[delegate]}: all {summary['fallback_calls']} operator "
+                "calls run on ExecuTorch's portable CPU kernels")
+    return None

@@ -55,7 +55,7 @@ OPTION_CHOICES = {
     "vulkan": {"compute_precision": ("fp32", "fp16")},
     "mps": {"compute_precision": ("fp16", "fp32")},
 }
-BACKEND_NAMES = {"xnnpack": "XNNPACK", "vulkan": "Vulkan", "coreml": "Core ML", "mps": "MPS"}
+BACKEND_NAMES = pte.BACKEND_NAMES  # with the .pte reader, which `mobilebuild check` imports without torch
 
 
 # --- options and recipes ---------------------------------------------------------------------------------------
@@ -362,11 +362,7 @@ def check_runs(data, specs):
         et_runtime.callable_for(facts)(*in_layout(modeling.example_inputs(specs)))
 
 
-def undelegated_message(summary, delegate):
-    if summary["delegated_calls"] == 0:
-        return (f"nothing was delegated to {BACKEND_NAMES[delegate]}: all {summary['fallback_calls']} operator "
-                "calls run on ExecuTorch's portable CPU kernels")
-    return None
+undelegated_message = pte.undelegated_message
 
 
 def run(inputs, config, output):
