@@ -153,3 +153,117 @@ def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path):
         assert result["method"] == route
         assert {row["name"] for row in result["layers"]} == linears | extra, result["layers"]
         assert all(35 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]  # int8, and fine
+
+
+def test_a_layer_without_a_real_sqnr_is_said_not_given_a_sentinel_number():
+    """Values the float model has -inf (an attention mask) are left out; int8 NaN where float is finite, or an
+    all-zero float output, leave the layer without an SQNR, with why."""
+    import torch
+
+    errors = layers._Errors()
+    mask = torch.tensor([0.0, float("-inf"), 0.0, float("-inf")])
+    errors.add("encoder", "masked_fill", mask, mask.clone())  # the same mask: exact, not listed
+    scores = torch.tensor([1.0, float("-inf"), 2.0, 3.0])
+    errors.add("attention", "add", scores, torch.tensor([1.01, -50.0, 2.0, 3.0]))  # the masked value left out
+    errors.add("broken", "add", torch.ones(4), torch.tensor([1.0, float("nan"), 1.0, 1.0]), part="Add node_Add_1")
+    errors.add("silent", "relu", torch.zeros(4), torch.full((4,), 0.1))
+    errors.add("partial", "Linear", torch.ones(4), torch.full((4,), 1.1))  # one part ran, the other could not
+    errors.skip("partial", "Linear", "its MatMul node_MatMul_2 cannot run alone: InvalidGraph: ...")
+    ranked, uncompared = errors.results()
+
+    assert [(row["name"], row["float_inf_or_nan_values"]) for row in ranked] == [("attention", 1)]
+    assert ranked[0]["sqnr_db"] == 51.46  # 10 log10(14 / 0.0001), not -300
+    assert {row["name"]: row["reason"] for row in uncompared} == {
+        "broken": "int8 gives inf or NaN for 1 of its 4 values where float's are finite (in Add node_Add_1)",
+        "silent": "the float model's output is all zeros: no signal to measure the error against",
+        "partial": "its MatMul node_MatMul_2 cannot run alone: InvalidGraph: ..."}
+    line = layers.summary({"layers": ranked, "not_compared": uncompared, "method": "pt2e", "seconds": 1.0})
+    assert "no SQNR: broken (add): int8 gives inf or NaN" in line and "-300" not in line
+
+
+TOKENS_AND_MASK = [{"name": name, "shape": [1, 16], "dtype": "int64", "range": [0, high],
+                    "memory_format": "contiguous", "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}
+                   for name, high in (("ids", 100), ("mask", 2))]
+
+
+def encoder_source(tmp_path):
+    from tiny_models import stored_fused, tiny_encoder
+
+    return stored_fused(tiny_encoder(), tmp_path / "fused.pt", factory="tiny_models:tiny_encoder")
+
+
+def assert_real(result):
+    assert result["layers"], result
+    assert all(0 < row["sqnr_db"] < 100 for row in result["layers"]), result["layers"]
+    for row in result.get("not_compared", []):
+        assert row["reason"] and "sqnr_db" not in row, row
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_executorch_int8_of_a_transformer_encoder_has_real_layers_only(tmp_path, mode):
+    """nn.TransformerEncoder turns the padding mask into a float mask of 0 and -inf (zeros_like, then masked_fill_ in
+    place): it was "encoder (TransformerEncoder) -300 dB". The whole F.multi_head_attention_forward is one source
+    node: its layer is the MultiheadAttention; a TransformerEncoderLayer's own ops (residual adds, its functional
+    ReLU) are named by the op, not by the container's class."""
+    from mobilebuild.worker import reproducible
+
+    source = encoder_source(tmp_path)
+    config = stages.LayersConfig(route="pt2e", precision="int8", inputs=TOKENS_AND_MASK, samples=4, seed=0, top=40,
+                                 options={}, mode=mode, calibration=CALIBRATION, **source)
+    with reproducible.plain_attention():  # as every stage runs (reproducible.stage_session)
+        result = run_layers(tmp_path, config, {})
+
+    assert_real(result)
+    assert "not_compared" not in result, result["not_compared"]
+    found = {(row["name"], row["op"]) for row in result["layers"]}
+    assert ("encoder.layers.0.self_attn", "MultiheadAttention") in found, found
+    assert {"encoder.layers.0.linear1", "encoder.layers.0.linear2", "head"} <= {name for name, _ in found}
+    assert not any(name == "encoder" or op.startswith("Transformer") for name, op in found), found
+    if mode == "static":
+        assert {("encoder.layers.0", "add #1"), ("encoder.layers.0", "add #2")} <= found, found
+
+
+def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path):
+    """positions[:, :seq] has no shape that inference can declare at a dynamic seq: the comparison read the float
+    model's tensors flattened and could not shape them back ("Invalid rank for input: slice_1")."""
+    from tiny_models import tiny_transformer
+
+    from mobilebuild.worker import reproducible
+
+    tokens = [dict(TOKENS_AND_MASK[0])]
+    source = stored_fused(tiny_transformer(), tmp_path / "fused.pt", factory="tiny_models:tiny_transformer")
+    model = {"model": str(tmp_path / "fused.pt")}
+    with reproducible.plain_attention():
+        export.run(model, stages.ExportConfig(precision="int8", inputs=tokens, options={}, calibration=CALIBRATION,
+                                              **source), tmp_path / "static.onnx")
+        config = stages.LayersConfig(route="onnx", precision="int8", inputs=tokens, samples=4, seed=0, top=40,
+                                     options={}, calibration=CALIBRATION, **source)
+        result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "static.onnx")})
+
+    assert result["method"] == "onnx"
+    assert_real(result)
+    assert {"qkv", "proj", "mlp.0", "mlp.2", "head"} <= {row["name"] for row in result["layers"]}, result["layers"]
+
+
+def test_onnx_static_int8_of_a_transformer_encoder_says_which_layers_have_no_sqnr(tmp_path):
+    """Two inputs, a dynamic seq, nn.TransformerEncoder. quantize_static calibrates the additive attention mask
+    (0 and -inf) to an infinite scale: the int8 attention's masked scores are all NaN. The MultiheadAttention is
+    then listed with why it has no SQNR (or ranked with a finite one, were the mask left float), never -300 dB."""
+    from mobilebuild.worker import reproducible
+
+    source = encoder_source(tmp_path)
+    model = {"model": str(tmp_path / "fused.pt")}
+    with reproducible.plain_attention():
+        export.run(model, stages.ExportConfig(precision="int8", inputs=TOKENS_AND_MASK, options={},
+                                              calibration=CALIBRATION, **source), tmp_path / "static.onnx")
+        config = stages.LayersConfig(route="onnx", precision="int8", inputs=TOKENS_AND_MASK, samples=4, seed=0,
+                                     top=40, options={}, calibration=CALIBRATION, **source)
+        result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "static.onnx")})
+
+    assert_real(result)
+    ranked = {row["name"]: row for row in result["layers"]}
+    uncompared = {row["name"]: row for row in result.get("not_compared", [])}
+    assert "head" in ranked and "encoder.layers.0.linear1" in ranked, ranked
+    attention = ranked.get("encoder.layers.0.self_attn") or uncompared["encoder.layers.0.self_attn"]
+    assert attention["op"] == "MultiheadAttention"
+    assert "sqnr_db" in attention or "inf or NaN" in attention["reason"], attention

@@ -448,7 +448,9 @@ def test_the_worst_layers_of_int8_targets_are_listed_worst_first_beside_the_tabl
     manifest["layers"] = {"qnnpack": {"method": "eager", "compared": 12, "samples": 16, "data": "random",
                                       "seconds": 1.234,
                                       "layers": [{"name": "features.2", "op": "ConvReLU2d", "sqnr_db": 0.84},
-                                                 {"name": "head", "op": "Linear", "sqnr_db": 31.0}]},
+                                                 {"name": "head", "op": "Linear", "sqnr_db": 31.0}],
+                                      "not_compared": [{"name": "attn", "op": "MultiheadAttention",
+                                                        "reason": "int8 gives inf or NaN for 8 of its 64 values"}]},
                           "xnnpack": {"error": "the per-layer comparison failed: | no"}, "gone": None}
     _, markdown, page = write([manifest], tmp_path)
 
@@ -458,6 +460,7 @@ def test_the_worst_layers_of_int8_targets_are_listed_worst_first_beside_the_tabl
     assert ("- worst layers (qnnpack): eager numeric suite, 12 layers compared on 16 random samples, 1.2 s"
             in markdown)
     assert "- worst layers (xnnpack): the per-layer comparison failed: | no" in markdown
+    assert "- no SQNR (qnnpack): attn (MultiheadAttention): int8 gives inf or NaN for 8 of its 64 values" in markdown
     assert "<summary>Worst layers of the int8 artifacts" in page and "<td>features.2</td>" in page
     for broken in ({"qnnpack": {"layers": "x"}}, {"qnnpack": {"layers": [None, {"sqnr_db": "low"}]}}, "x"):
         write([{**manifest, "layers": broken}], tmp_path)  # renders without failing

@@ -141,3 +141,30 @@ class TinyTransformer(nn.Module):
 def tiny_transformer():
     torch.manual_seed(0)
     return TinyTransformer().eval()
+
+
+class TinyEncoder(nn.Module):
+    """The zoo's text_transformer, small: token ids and an attention mask (1 for a token, 0 for padding), token and
+    position embeddings, nn.TransformerEncoder (MultiheadAttention inside: F.multi_head_attention_forward, and the
+    padding mask turned into an additive float mask of 0 and -inf), masked mean pooling, a Linear head. The first
+    token is always attended to (attention over nothing is NaN)."""
+
+    def __init__(self, vocabulary=100, width=32, heads=2, layers=1, max_length=32, classes=4):
+        super().__init__()
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.positions = nn.Parameter(torch.randn(1, max_length, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, ids, mask):
+        x = self.tokens(ids) + self.positions[:, :ids.shape[1]]
+        padding = (mask == 0) & (torch.arange(ids.shape[1]) > 0)
+        x = self.encoder(x, src_key_padding_mask=padding)
+        weights = (~padding).unsqueeze(-1).to(x.dtype)
+        return self.head((x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0))
+
+
+def tiny_encoder():
+    torch.manual_seed(0)
+    return TinyEncoder().eval()

@@ -609,7 +609,7 @@ LAYER_COLUMNS = [
     Column("SQNR (dB)", "", True, lambda item: _fixed(_number(_get(item[2], "sqnr_db")), 1)),
 ]
 LAYER_METHODS = {"eager": "eager numeric suite", "fx": "FX numeric suite", "pt2e": "PT2E numeric debugger",
-                 "onnx": "qdq_loss_debug"}
+                 "onnx": "ONNX Runtime, node by node"}
 
 
 def _layers(manifest, rows):
@@ -632,6 +632,11 @@ def _layers(manifest, rows):
         notes.append(f"worst layers ({row.label}): {method}, {_text(_get(result, 'compared'))} layers compared on "
                      f"{_text(_get(result, 'samples'))} {_text(_get(result, 'data'))} samples"
                      + (f", {seconds:.1f} s" if seconds is not None else ""))
+        uncompared = [layer for layer in (_get(result, "not_compared") or []) if isinstance(layer, dict)]
+        if uncompared:  # layers with no SQNR (int8 gives NaN where float does not, ...): said, not ranked
+            notes.append(f"no SQNR ({row.label}): " + "; ".join(
+                f"{_text(_get(layer, 'name'))} ({_text(_get(layer, 'op'))}): {_text(_get(layer, 'reason'))}"
+                for layer in uncompared))
     if not items:
         return None, notes
     return Table(LAYER_COLUMNS, [[column.cell(item) for column in LAYER_COLUMNS] for item in items], states), notes

@@ -14,17 +14,25 @@ Per route, with the tools its quantizer comes with:
           numeric gap cannot run here; and inside an XNNPACK delegate the runtime shows no per-op outputs anyway.
           The quantization the lower stage runs (ExecuTorch's export recipe: torch.export, its quantizer,
           prepare_pt2e, the same calibration batches, convert_pt2e) is run again, and torchao's PT2E numeric
-          debugger (prepare_for_propagation_comparison, extract_results_from_loggers) logs each node of the float
-          and the quantized graph, matched by their source nodes; the quantized graph's loggers hand on the float
-          graph's value, so each node is fed float inputs (quantized where the int8 graph quantizes them).
-  onnx:   the shipped int8 .onnx against the float model exported again: onnxruntime.quantization.qdq_loss_debug
-          (modify_model_output_intermediate_tensors, collect_activations) gives every float tensor; each quantized
-          node of the QDQ model, cut out with its quantize/dequantize pairs (onnx.utils.Extractor), runs on the
-          float model's inputs; create_weight_matching/compute_weight_error add each node's weight SQNR. A dynamically
+          debugger (prepare_for_propagation_comparison) logs each node of the float and the quantized graph,
+          matched by their source nodes (one call of a torch function: all the ATen nodes of an
+          F.multi_head_attention_forward are one); the quantized graph's loggers hand on the float graph's value,
+          so each node is fed float inputs (quantized where the int8 graph quantizes them).
+  onnx:   the shipped int8 .onnx against the float model exported again, run with each tensor the comparison needs
+          as an output of its own, in the shape it has at the data's sizes (whatever shape inference could declare:
+          a dynamic dim's `positions[:, :seq]` has none); each quantized node of the QDQ model, cut out with its
+          quantize/dequantize pairs (onnx.utils.Extractor), runs on the float model's inputs;
+          onnxruntime.quantization.qdq_loss_debug's create_weight_matching/compute_weight_error add each node's
+          weight SQNR. A dynamically
           quantized model (quantize_dynamic) has no QDQ pairs: each integer unit (DynamicQuantizeLinear, then
           MatMulInteger or ConvInteger and the float ops that rescale its result; a Gather of an int8 table and its
           DequantizeLinear) is cut out from the float tensor it quantizes to the float model's tensor it replaces.
           ONNX node names map back to module paths through the exporter's name scopes.
+A layer is a module with no module running inside it (Linear, LayerNorm, MultiheadAttention), named by its class;
+the operations a container runs itself (a TransformerEncoderLayer's residual adds) are named by their op, numbered
+where it has several. A layer's SQNR is measured over the values the float model has finite (an attention mask's
+-inf is left out); a layer that has no SQNR (int8 gives inf or NaN where float does not, an all-zero float output, a
+part that cannot run alone) is listed under not_compared with why, never given a number.
 The data is verification's (verify.evaluation_data: never calibration's), at the example's sizes.
 """
 
@@ -51,44 +59,75 @@ METHODS = {
     "pt2e": "PT2E numeric debugger (torchao prepare_for_propagation_comparison) on the int8 graph the lower stage "
             "quantizes, each node fed the float graph's input; not ETDump: the stock executorch runtime is built "
             "without the event tracer",
-    "onnx": "onnxruntime.quantization.qdq_loss_debug activations; each quantized node of the shipped QDQ model, "
-            "with its Q/DQ pairs, run on the float model's inputs",
+    "onnx": "each quantized node of the shipped QDQ model, with its Q/DQ pairs, run on the float model's inputs "
+            "(read from an onnxruntime run of the float model); weight SQNR from "
+            "onnxruntime.quantization.qdq_loss_debug",
 }
 # Nodes that only move or view data: never a layer of their own
 MOVES = {"view", "reshape", "flatten", "permute", "transpose", "squeeze", "unsqueeze", "contiguous", "clone",
-         "getitem", "dropout", "_assert_tensor_metadata", "expand", "alias", "detach", "to", "Reshape", "Flatten",
-         "Transpose", "Squeeze", "Unsqueeze", "Identity", "Shape", "Gather", "Cast", "Constant"}
-
-GROUP = 4  # batches per collect_activations call: it keeps every tensor of the float model for each
-
+         "getitem", "dropout", "_assert_tensor_metadata", "expand", "alias", "detach", "to", "unflatten", "select",
+         "slice", "split", "split_with_sizes", "unbind", "narrow", "t", "movedim", "Reshape", "Flatten", "Transpose",
+         "Squeeze", "Unsqueeze", "Identity", "Shape", "Gather", "Cast", "Constant", "Slice", "Split", "Expand"}
 
 class _Errors:
-    """Per layer: the float signal's energy and the error's, summed over every batch."""
+    """Per layer: the float signal's energy and the error's, summed over every batch, over the values the float model
+    has finite. One it has inf or NaN (an attention mask's -inf added to the scores, which int8 makes a large finite
+    number) has no error to measure: it is left out and counted. One that is finite in the float model and inf or NaN
+    in the int8 one makes the layer's SQNR meaningless: the layer is listed as not comparable, with why, rather than
+    given a number."""
 
     def __init__(self):
-        self.found = {}  # name -> [op, signal, noise, extra]
+        # (name, op) -> [signal, noise, values compared, of them inf or NaN in int8, float values inf or NaN, extra,
+        #                the nodes that gave those]
+        self.found = {}
+        self.skipped = {}  # (name, op) -> why it cannot be compared
 
-    def add(self, name, op, reference, output, **extra):
-        # the same values: ONNX's saved activations come flattened
+    def add(self, name, op, reference, output, part=None, **extra):
+        """`part`: the node of the layer that gave these values, named where int8 gives inf or NaN."""
+        # the same values: ONNX's and the float graph's may differ in shape by a view
         if reference.numel() != output.numel() or reference.dtype != output.dtype or not reference.is_floating_point():
             return
         reference = reference.detach().double().flatten()
         output = output.detach().double().flatten()
-        entry = self.found.setdefault(name, [op, 0.0, 0.0, extra])
-        entry[1] += reference.pow(2).sum().item()
-        entry[2] += (reference - output).pow(2).sum().item()
+        entry = self.found.setdefault((name, op), [0.0, 0.0, 0, 0, 0, extra, []])
+        finite = torch.isfinite(reference)
+        reference, output = reference[finite], output[finite]
+        broken = ~torch.isfinite(output)
+        entry[2] += reference.numel()
+        entry[3] += int(broken.sum().item())
+        if broken.any() and part and part not in entry[6]:
+            entry[6].append(part)
+        entry[4] += int((~finite).sum().item())
+        entry[0] += reference.pow(2).sum().item()
+        entry[1] += (reference[~broken] - output[~broken]).pow(2).sum().item()
 
-    def ranked(self):
-        rows = []
-        for name, (op, signal, noise, extra) in self.found.items():
-            if noise == 0.0:  # exact: it adds no error (a dequantization, a float module)
+    def skip(self, name, op, why):
+        """A layer that cannot be compared (a part of it that cannot run), and why (one line): it has no SQNR, not
+        one of its other parts only."""
+        self.skipped.setdefault((name, op), why)
+
+    def results(self):
+        """(the layers with an SQNR, worst first; the layers that have none, each with why)."""
+        rows, uncompared = [], []
+        for (name, op), (signal, noise, compared, broken, masked, extra, parts) in self.found.items():
+            if (name, op) in self.skipped:
+                continue
+            if broken:
+                why = (f"int8 gives inf or NaN for {broken} of its {compared} values where float's are finite"
+                       + (f" (in {', '.join(parts)})" if parts else ""))
+            elif noise == 0.0:  # exact: it adds no error (a dequantization, a float module, a mask)
                 continue
             elif signal == 0.0:
-                value = -metrics.SQNR_CEILING_DB
+                why = "the float model's output is all zeros: no signal to measure the error against"
             else:
-                value = max(-metrics.SQNR_CEILING_DB, min(10.0 * math.log10(signal / noise), metrics.SQNR_CEILING_DB))
-            rows.append({"name": name, "op": op, "sqnr_db": round(value, 2), **extra})
-        return sorted(rows, key=lambda row: (row["sqnr_db"], row["name"]))
+                value = 10.0 * math.log10(signal / noise)
+                row = {"name": name, "op": op, "sqnr_db": round(min(value, metrics.SQNR_CEILING_DB), 2), **extra}
+                rows.append(row | ({"float_inf_or_nan_values": masked} if masked else {}))
+                continue
+            uncompared.append({"name": name, "op": op, "reason": why})
+        uncompared += [{"name": name, "op": op, "reason": why} for (name, op), why in self.skipped.items()]
+        return (sorted(rows, key=lambda row: (row["sqnr_db"], row["name"], row["op"])),
+                sorted(uncompared, key=lambda row: (row["name"], row["op"])))
 
 
 def _dequantized(value):
@@ -239,11 +278,7 @@ def pt2e_quantized(model, config):
 
 
 def pt2e_layers(inputs, config, chunks):
-    from torchao.quantization.pt2e._numeric_debugger import (
-        OutputLogger,
-        extract_results_from_loggers,
-        prepare_for_propagation_comparison,
-    )
+    from torchao.quantization.pt2e._numeric_debugger import OutputLogger, prepare_for_propagation_comparison
 
     from mobilebuild.worker.stages import lower
 
@@ -251,6 +286,25 @@ def pt2e_layers(inputs, config, chunks):
     reference, quantized = pt2e_quantized(fuse.load(inputs["model"], config), config)
     reference = prepare_for_propagation_comparison(reference)
     quantized = prepare_for_propagation_comparison(quantized)
+
+    class Copying(OutputLogger):
+        """Logs a copy: an in-place op after the node (masked_fill_ on a zeros_like, a relu_) would change a logged
+        view of its output."""
+
+        def forward(self, x):
+            self.stats.append(x.detach().clone() if isinstance(x, torch.Tensor) else x)
+            return x
+
+    # The float graph's loggers, by debug info (a node's source: one call of a torch function, which may have become
+    # several ATen nodes, as F.multi_head_attention_forward does), in graph order: the last one's value is the
+    # group's output
+    groups = {}
+    for node in list(reference.graph.nodes):
+        if node.op == "call_module" and isinstance(reference.get_submodule(node.target), OutputLogger):
+            module = reference.get_submodule(node.target)
+            setattr(reference, node.target, Copying(module.debug_info, module.node_name, module.nn_module_stack))
+            groups.setdefault(module.debug_info, []).append(getattr(reference, node.target))
+    labels = _labels(groups)
     handing = {}  # debug info -> the float graph's value for the batch that runs
     # The int8 graph's quantize and dequantize nodes carry the debug info of the node whose output they quantize:
     # the last logger of each debug info sees the value as the int8 graph passes it on
@@ -260,7 +314,7 @@ def pt2e_layers(inputs, config, chunks):
             last[quantized.get_submodule(node.target).debug_info] = node.target
 
     class Feeding(OutputLogger):
-        """Logs the int8 graph's value of a node, then hands the float graph's on: the next node gets float
+        """Logs the int8 graph's value of a node, then hands (a copy of) the float graph's on: the next node gets float
         inputs."""
 
         def forward(self, x):
@@ -268,7 +322,7 @@ def pt2e_layers(inputs, config, chunks):
             if (isinstance(x, torch.Tensor) and isinstance(expected, torch.Tensor) and expected.shape == x.shape
                     and expected.dtype == x.dtype):
                 self.stats.append(x.detach())
-                return expected
+                return expected.clone()
             return x
 
     for name, module in list(quantized.named_children()):
@@ -282,19 +336,14 @@ def pt2e_layers(inputs, config, chunks):
                 if isinstance(module, OutputLogger):
                     module.stats = []
             reference(*chunk)
-            expected = extract_results_from_loggers(reference)
             handing.clear()
-            handing.update({info: stats[-1] for info, (_, _, stats) in expected.items() if stats})
+            handing.update({info: group[-1].stats[-1] for info, group in groups.items() if group[-1].stats})
             quantized(*chunk)
             for module in quantized.children():
-                if not isinstance(module, Feeding) or not module.stats or module.debug_info not in expected:
-                    continue
-                node_name, stack, _ = expected[module.debug_info]
-                op = _aten_name(node_name)
-                if op in MOVES:
-                    continue
-                name, kind = _module_of(stack, node_name, op)
-                errors.add(name, kind, handing[module.debug_info], module.stats[-1])
+                if isinstance(module, Feeding) and module.stats and module.debug_info in labels \
+                        and module.debug_info in handing:
+                    name, op, node_name = labels[module.debug_info]
+                    errors.add(name, op, handing[module.debug_info], module.stats[-1], part=node_name)
     return errors, "pt2e"
 
 
@@ -304,27 +353,60 @@ def _aten_name(node_name):
     return base[:-1] if base.endswith("_") else base
 
 
-def _module_of(stack, node_name, op):
-    """(module path, what it is) of a node of an exported graph: the innermost module it comes from and its class
-    where that is one of torch.nn's layers (Conv2d, Linear, ReLU), else the operation (the `add` of a residual
-    block)."""
-    if not isinstance(stack, dict) or not stack:
-        return node_name, op
-    path, kind = list(stack.values())[-1]
-    path = path.removeprefix("L['self'].") or node_name
-    kind = kind if isinstance(kind, str) else f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}"
-    if kind.startswith("torch.nn.") or kind.startswith("torch.ao.nn."):
-        return path, kind.rsplit(".", 1)[-1]
-    return path, op
+def _labels(groups):
+    """debug info -> (name, op, that node's name) of each group of nodes of an exported graph worth comparing (not
+    one that only moves data): the innermost module of its last node that computes, and that module's class where it
+    is one of torch.nn's layers (Linear, LayerNorm, MultiheadAttention) and no module is called inside it; else the
+    operation, numbered where a module has several (a TransformerEncoderLayer's residual adds: `add #1`, `add #2`).
+    A node outside any module is named by itself (the `add` of two embeddings)."""
+    placed = {}
+    for info, loggers in groups.items():
+        computing = [logger for logger in loggers if _aten_name(logger.node_name) not in MOVES]
+        if computing:
+            placed[info] = (computing[-1].node_name, _stack(computing[-1].nn_module_stack))
+    # the modules other modules run inside: containers, not layers
+    around = {path for loggers in groups.values() for logger in loggers
+              for path, _ in _stack(logger.nn_module_stack)[:-1]}
+    named, counts = {}, {}
+    for info, (node_name, stack) in placed.items():
+        op = _aten_name(node_name)
+        if not stack:
+            named[info] = (node_name, op)
+            continue
+        path, kind = stack[-1]
+        if path not in around and (kind.startswith("torch.nn.") or kind.startswith("torch.ao.nn.")):
+            named[info] = (path, kind.rsplit(".", 1)[-1])
+        else:
+            named[info] = (path, op)
+            counts[(path, op)] = counts.get((path, op), 0) + 1
+    seen = {}
+    for info, (path, op) in named.items():
+        if counts.get((path, op), 0) > 1:
+            seen[(path, op)] = seen.get((path, op), 0) + 1
+            named[info] = (path, f"{op} #{seen[(path, op)]}")
+    return {info: (*named[info], placed[info][0]) for info in named}
+
+
+def _stack(stack):
+    """[(module path, class name)] of a node's nn_module_stack, outermost first, the root left out."""
+    found = []
+    for path, kind in (stack.values() if isinstance(stack, dict) else ()):
+        path = path.removeprefix("L['self']").removeprefix(".")
+        kind = kind if isinstance(kind, str) else \
+            f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}"
+        if path:
+            found.append((path, kind))
+    return found
 
 
 # --- ONNX Runtime int8 (QDQ) ---------------------------------------------------------------------------------------
 
 def _scopes(proto):
-    """ONNX node name -> (module path, class name) from the exporter's metadata."""
+    """(ONNX node name -> (module path, class name), the module paths other modules run inside) from the exporter's
+    metadata."""
     import ast
 
-    found = {}
+    found, around = {}, set()
     for node in proto.graph.node:
         meta = {entry.key: entry.value for entry in node.metadata_props}
         try:
@@ -336,7 +418,8 @@ def _scopes(proto):
         if len(scopes) > 2 and scopes[-2]:
             kind = classes[len(scopes) - 2] if len(classes) >= len(scopes) - 1 else None
             found[node.name] = (scopes[-2], kind.rsplit(".", 1)[-1] if isinstance(kind, str) else None)
-    return found
+            around.update(path for path in scopes[1:-2] if path)
+    return found, around
 
 
 def onnx_layers(inputs, config, chunks):
@@ -353,79 +436,115 @@ def onnx_layers(inputs, config, chunks):
     progress.note("exporting the float model again")
     proto = export.export_float(fuse.load(inputs["model"], config), config.inputs,
                                 (config.options or {}).get("opset"), config.outputs)
-    modules = _scopes(proto)
     qdq = onnx.load(inputs["artifact"])
     names = [spec["name"] for spec in config.inputs]
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    errors = _Errors()
+    float_model = export.reproducible(onnx.load_from_string(proto.SerializeToString()))
     with tempfile.TemporaryDirectory(prefix="mobilebuild-layers-") as folder:
         float_path, qdq_path = Path(folder) / "float.onnx", Path(folder) / "qdq.onnx"
-        onnx.save(export.reproducible(onnx.load_from_string(proto.SerializeToString())), float_path)
+        onnx.save(float_model, float_path)
         onnx.save(qdq, qdq_path)
-        augmented = Path(folder) / "float-all.onnx"
-        qdq_loss_debug.modify_model_output_intermediate_tensors(float_path, augmented)
         weights = _weight_errors(qdq_loss_debug, float_path, qdq_path)
-        layers = list(_quantized_nodes(qdq)) + list(_integer_units(qdq, proto))
-        pieces = {}
-        extractor = onnx.utils.Extractor(_at_example(qdq, config.inputs))
+    layers = list(_quantized_nodes(qdq)) + list(_integer_units(qdq, proto))
+    labels = _onnx_labels(proto, [node for node, *_ in layers])
+    wanted = {name for _, feeds, _, original in layers for name in (*feeds, original)}
+    # The float model with each tensor the comparison reads as an output of its own, in the shape it has at the
+    # data's sizes (whatever shapes inference could or could not declare for it)
+    floating = onnxruntime.InferenceSession(_with_outputs(float_model, wanted).SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+    produced = [value.name for value in floating.get_outputs()]
+    pieces = {}  # node name -> its session, or why it has none
+    errors = _Errors()
+    for chunk in chunks:
+        feed = {name: x.contiguous().numpy() for name, x in zip(names, chunk)}
+        values = dict(zip(produced, floating.run(None, feed))) | feed
         for node, feeds, output, original in layers:
-            piece = extractor.extract_model(feeds, [output])
-            pieces[node.name] = onnxruntime.InferenceSession(piece.SerializeToString(), options,
-                                                             providers=["CPUExecutionProvider"])
-        for group in (chunks[start:start + GROUP] for start in range(0, len(chunks), GROUP)):
-            reader = [{name: x.contiguous().numpy() for name, x in zip(names, chunk)} for chunk in group]
-            found = qdq_loss_debug.collect_activations(str(augmented), iter(reader), session_options=options)
-            for index, feed in enumerate(reader):
-                values = {name: arrays[index] for name, arrays in found.items()} | feed
-                for node, feeds, output, original in layers:
-                    if original not in values or any(feed not in values for feed in feeds):
-                        continue
-                    piece = pieces[node.name]
-                    given = {spec.name: _shaped(values[spec.name], spec.shape) for spec in piece.get_inputs()}
-                    (produced,) = piece.run([output], given)
-                    path, kind = modules.get(node.name, (node.name, None))
-                    extra = {"weight_sqnr_db": weights[node.name]} if node.name in weights else {}
-                    errors.add(path if kind else node.name, kind or node.op_type,
-                               torch.from_numpy(numpy.asarray(values[original])),
-                               torch.from_numpy(numpy.asarray(produced)), **extra)
+            if original not in values or any(name not in values for name in feeds):
+                continue
+            name, op = labels[node.name]
+            if node.name not in pieces:
+                pieces[node.name] = _piece(qdq, feeds, output, values[original].dtype, values, options)
+            piece = pieces[node.name]
+            if not isinstance(piece, str):
+                try:
+                    (result,) = piece.run([output], {feed_name: values[feed_name] for feed_name in feeds})
+                except Exception as exc:
+                    piece = pieces[node.name] = f"{type(exc).__name__}: {modeling.first_line(exc)}"
+            if isinstance(piece, str):
+                errors.skip(name, op, f"its {node.op_type} {node.name} cannot run alone: {piece}")
+                continue
+            extra = {"weight_sqnr_db": weights[node.name]} if node.name in weights else {}
+            errors.add(name, op, torch.from_numpy(numpy.asarray(values[original])),
+                       torch.from_numpy(numpy.asarray(result)), part=f"{node.op_type} {node.name}", **extra)
     return errors, "onnx"
 
 
-def _at_example(proto, specs):
-    """The model with shapes inferred; where the recipe has dynamic dims, from its inputs at the example's sizes (the
-    comparison's data), so that the pieces cut from it take concrete shapes where inference can follow them
-    (collect_activations gives every tensor flattened: see _shaped)."""
+def _with_outputs(proto, wanted):
+    """The model with each of the `wanted` tensors its nodes compute as a graph output, declared by element type
+    only: no shape, so that a dynamic dim that shape inference cannot follow (`positions[:, :seq]`) needs none."""
     import onnx
 
-    if not any(spec.get("dynamic") for spec in specs):
-        return onnx.shape_inference.infer_shapes(proto)
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(proto)
-    del fixed.graph.value_info[:]
-    for value, spec in zip(fixed.graph.input, specs):
-        for dim, size in zip(value.type.tensor_type.shape.dim, spec["shape"]):
-            dim.dim_value = size
-    return onnx.shape_inference.infer_shapes(fixed, data_prop=True)
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
+    listed = {value.name for value in (*model.graph.output, *model.graph.input)}
+    computed = {name for node in model.graph.node for name in node.output}
+    for name in sorted(wanted):
+        if name in computed and name not in listed and types.get(name):
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name], None))
+    return model
 
 
-def _shaped(values, shape):
-    """A tensor collect_activations gave flattened, in the shape a piece's input declares; a shape with symbolic dims
-    (where inference could not follow the example's sizes) solved from the tensor's size where it has one unknown,
-    or one name on several axes (an attention's [seq, seq]); else left flat (the piece then fails, and says so)."""
-    import numpy
+def _piece(qdq, feeds, output, dtype, values, options):
+    """An ONNX Runtime session of the part of the QDQ model from the `feeds` to `output`, its inputs and output
+    declared by element type only (the values come in the float model's shapes at the data's sizes), or why it
+    cannot run: one line."""
+    import onnx
+    import onnxruntime
+    from onnx.helper import make_tensor_value_info, np_dtype_to_tensor_dtype
 
-    symbolic = [dim for dim in shape if not isinstance(dim, int)]
-    if not symbolic:
-        return numpy.reshape(values, shape)
-    known = math.prod(dim for dim in shape if isinstance(dim, int))
-    if len(symbolic) == 1:
-        return numpy.reshape(values, [dim if isinstance(dim, int) else -1 for dim in shape])
-    if len(set(symbolic)) == 1 and symbolic[0] and known:
-        size = round((values.size / known) ** (1 / len(symbolic)))
-        return numpy.reshape(values, [dim if isinstance(dim, int) else size for dim in shape])
-    return values
+    model = onnx.ModelProto()
+    model.CopyFrom(qdq)
+    declared = {name: np_dtype_to_tensor_dtype(values[name].dtype) for name in feeds}
+    declared[output] = np_dtype_to_tensor_dtype(dtype)
+    kept = [value for value in model.graph.value_info if value.name not in declared]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    model.graph.value_info.extend(make_tensor_value_info(name, elem, None) for name, elem in declared.items())
+    try:
+        piece = onnx.utils.Extractor(model).extract_model(list(feeds), [output])
+        return onnxruntime.InferenceSession(piece.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        return f"{type(exc).__name__}: {modeling.first_line(exc)}"
+
+
+def _onnx_labels(proto, nodes):
+    """ONNX node name -> (name, op) for each node compared, from the exporter's name scopes: the innermost module
+    and its class where no module runs inside it (Linear, MultiheadAttention); in a container, the ONNX op,
+    numbered where the container has several (a TransformerEncoderLayer's residual `Add #1`, `Add #2`); without
+    a scope, the node's own name and op."""
+    scopes, around = _scopes(proto)
+    named, counts = {}, {}
+    for node in nodes:
+        path, kind = scopes.get(node.name, (None, None))
+        if not path or not kind:
+            named[node.name] = (node.name, node.op_type)
+        elif path not in around:
+            named[node.name] = (path, kind)
+        else:
+            named[node.name] = (path, node.op_type)
+            counts[(path, node.op_type)] = counts.get((path, node.op_type), 0) + 1
+    seen = {}
+    for node in nodes:
+        path, op = named[node.name]
+        if counts.get((path, op), 0) > 1:
+            seen[(path, op)] = seen.get((path, op), 0) + 1
+            named[node.name] = (path, f"{op} #{seen[(path, op)]}")
+    return named
 
 
 def _weight_errors(qdq_loss_debug, float_path, qdq_path):
@@ -545,10 +664,12 @@ def run(inputs, config, output):
             raise MobileBuildError("no verification input at the example's sizes", field="verify.samples")
         with quiet.native_stderr(once=True):
             errors, method = ROUTES[config.route](inputs, config, chunks)
-        ranked = errors.ranked()
+        ranked, uncompared = errors.results()
         result.update(layers=ranked[:config.top], compared=len(errors.found), method=method,
                       method_detail=METHODS[method], data=description,
                       samples=sum(len(chunk[0]) for chunk in chunks))
+        if uncompared:  # no SQNR: said, not ranked
+            result["not_compared"] = uncompared
     except Exception as exc:  # a diagnosis, not a verdict: what it cannot do is said, and the build goes on
         detail = exc.message if isinstance(exc, MobileBuildError) else f"{type(exc).__name__}: " \
                                                                         f"{modeling.first_line(exc)}"
@@ -564,4 +685,9 @@ def summary(result):
     if result.get("error"):
         return result["error"]
     shown = ", ".join(f"{row['name']} ({row['op']}) {row['sqnr_db']:.1f} dB" for row in result.get("layers", []))
-    return f"worst layers: {shown or 'none compared'} ({result.get('method')}, {result.get('seconds')} s)"
+    line = f"worst layers: {shown or 'none compared'} ({result.get('method')}, {result.get('seconds')} s)"
+    uncompared = result.get("not_compared") or []
+    if uncompared:
+        line += "; no SQNR: " + "; ".join(f"{row['name']} ({row['op']}): {row['reason']}" for row in uncompared[:3])
+        line += f"; {len(uncompared) - 3} more" if len(uncompared) > 3 else ""
+    return line
