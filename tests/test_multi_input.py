@@ -598,3 +598,30 @@ def test_a_native_warning_shown_earlier_in_the_build_is_not_shown_again(capfd, m
     with quiet.native_stderr(once=True):
         os.write(2, reduce_range)
     assert capfd.readouterr().err == reduce_range.decode()
+
+
+def test_a_python_warning_is_shown_once_per_build(monkeypatch, tmp_path):
+    """A quantized cat's UserWarning came from every stage, and from every candidate `mobilebuild tune` built."""
+    import warnings
+
+    from mobilebuild.worker import quiet
+
+    def stage():
+        with warnings.catch_warnings(), quiet.warnings_once():
+            warnings.simplefilter("always")
+            for _ in range(3):
+                warnings.warn("All inputs of this cat operator must share the same quantization parameters")
+            warnings.warn("another")
+
+    def shown(*stages):
+        with warnings.catch_warnings(record=True) as caught:  # what reaches the display
+            for run in stages:
+                run()
+        return [str(warning.message) for warning in caught]
+
+    monkeypatch.setenv(quiet.SHOWN_WARNINGS, str(tmp_path / "shown"))
+    assert shown(stage, stage) == [  # a later stage of the same build shows none again
+        "All inputs of this cat operator must share the same quantization parameters", "another"]
+    with quiet.warnings_once_across_runs():  # tune's rounds share one list, whatever the build had
+        assert len(shown(stage, stage)) == 2
+    assert os.environ[quiet.SHOWN_WARNINGS] == str(tmp_path / "shown")

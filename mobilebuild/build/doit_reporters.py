@@ -25,9 +25,13 @@ class RunHooks:
         hold_build_lock()  # only when tasks are about to run: listing never waits
         untrusted_summary()  # left by a build that was killed: not this one's
         self.failed = {}
-        # the workers, started after this, show each C++ warning once per build (worker/quiet.py)
-        handle, os.environ[SHOWN_WARNINGS] = tempfile.mkstemp(prefix="mobilebuild-warnings-")
-        os.close(handle)
+        # the workers, started after this, show each warning once per build (worker/quiet.py); `mobilebuild tune`
+        # sets one for all its runs
+        self.warnings_file = None
+        if SHOWN_WARNINGS not in os.environ:
+            handle, self.warnings_file = tempfile.mkstemp(prefix="mobilebuild-warnings-")
+            os.close(handle)
+            os.environ[SHOWN_WARNINGS] = self.warnings_file
         if hasattr(super(), "initialize"):
             super().initialize(tasks, selected_tasks)
 
@@ -37,8 +41,10 @@ class RunHooks:
 
     def complete_run(self):
         super().complete_run()
-        with contextlib.suppress(OSError, KeyError):
-            os.unlink(os.environ.pop(SHOWN_WARNINGS))
+        if getattr(self, "warnings_file", None):
+            os.environ.pop(SHOWN_WARNINGS, None)
+            with contextlib.suppress(OSError):
+                os.unlink(self.warnings_file)
         summary = untrusted_summary()
         if summary:  # the real stderr: doit's JSON reporter swaps sys.stderr for a buffer
             print(summary, file=sys.__stderr__, flush=True)

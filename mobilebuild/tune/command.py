@@ -19,6 +19,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import yaml
 
@@ -26,7 +27,7 @@ from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import graph, recipe, routes
 from mobilebuild.tune import patch, search
-from mobilebuild.worker import metrics  # thresholds only: no torch there
+from mobilebuild.worker import metrics, progress, quiet  # no torch there
 
 TUNE_DIR = ".mobilebuild/tune"  # ignored scratch (.gitignore: .mobilebuild/)
 SUFFIX = ".tune"  # the generated recipe's name: recipe names take letters, digits, '_' and '.'
@@ -81,7 +82,10 @@ def tune_command(args, root="."):
         for line in exc.lines:
             print(line, file=sys.stderr)
         return 2
-    with _dask(options.dask) as slots:
+    # the table's rows say how far it is: the stages' progress lines, and each warning for every candidate, would
+    # bury them (the workers, started by the first round, inherit both settings)
+    silent = mock.patch.dict(os.environ, {progress.SILENT: "1"})
+    with _dask(options.dask) as slots, quiet.warnings_once_across_runs(), silent:
         try:
             return session.run(slots)
         except Refused as exc:

@@ -3,7 +3,11 @@ is, and under `doit -n 2` each line says whose it is. Outside a build (a test, `
 printed."""
 
 import contextlib
+import os
 import sys
+
+# Set by a command whose own lines say how far it is (`mobilebuild tune`'s table, a row per candidate)
+SILENT = "MOBILEBUILD_NO_PROGRESS"
 
 _task = None
 
@@ -22,7 +26,11 @@ def current_task():
     return _task
 
 
+def shown():
+    return not os.environ.get(SILENT)
+
+
 def note(text):
     # the real stderr: stages silence what libraries print on sys.stderr (worker/quiet.py)
-    if _task:
+    if _task and shown():
         print(f"   {_task}: {text}", file=sys.__stderr__, flush=True)

@@ -8,8 +8,10 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import threading
 import warnings as _warnings
+from unittest import mock
 
 
 @contextlib.contextmanager
@@ -104,3 +106,36 @@ def native_stderr(dropped=(), kept=None, kept_prefix=(), once=False, python_too=
         os.dup2(stderr, 2)  # closes the pipe's last write end: the forwarding ends with the lines written
         forwarding.join()
         os.close(stderr)
+
+
+@contextlib.contextmanager
+def warnings_once():
+    """Python warnings as torch's C++ ones: each (its category and message) shown the first time only, in the build
+    where one is running, else in this block. A quantized cat's UserWarning came from every stage and every
+    candidate `mobilebuild tune` built. Enter it inside warnings.catch_warnings(), which puts the display back."""
+    shown, seen = _warnings.showwarning, set()
+
+    def show_once(message, category, filename, lineno, file=None, line=None):
+        key = f"{category.__name__}: {message}".encode(errors="replace").replace(b"\n", b" ")
+        if key in seen or key in _shown_in_build():
+            return
+        seen.add(key)
+        _remember(key)
+        shown(message, category, filename, lineno, file, line)
+
+    _warnings.showwarning = show_once
+    yield
+
+
+@contextlib.contextmanager
+def warnings_once_across_runs():
+    """One list of the warnings shown for several doit runs (`mobilebuild tune`'s rounds): the build's reporter keeps
+    a list it finds set, where it would otherwise start its own."""
+    handle, path = tempfile.mkstemp(prefix="mobilebuild-warnings-")
+    os.close(handle)
+    try:
+        with mock.patch.dict(os.environ, {SHOWN_WARNINGS: path}):
+            yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import stages
-from mobilebuild.worker import measure_alone, progress
+from mobilebuild.worker import measure_alone, progress, quiet
 
 # torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
 # recipe.
@@ -55,7 +55,7 @@ def run_stage(stage, inputs, config, output, root, task=None, module=None, confi
     contract = stages.get(stage) if module is None or config_type is None else None
     settings = (_resolve(config_type) if config_type else contract.config)(**config)
     stage_module = module or contract.module_path
-    with warnings.catch_warnings(), reproducible.stage_session(), progress.working_on(task):
+    with warnings.catch_warnings(), quiet.warnings_once(), reproducible.stage_session(), progress.working_on(task):
         for category, source in _QUIET:
             warnings.filterwarnings("ignore", category=category, module=source)
         importlib.import_module(stage_module).run({role: Path(p) for role, p in inputs.items()}, settings, Path(output))

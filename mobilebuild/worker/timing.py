@@ -15,7 +15,7 @@ import time
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import measure_alone, quiet, runtimes, serve
+from mobilebuild.worker import measure_alone, progress, quiet, runtimes, serve
 from mobilebuild.worker.stages import modeling
 
 
@@ -70,7 +70,7 @@ def measure(spec):
             started = time.perf_counter_ns()
             model(*example)
             samples.append((time.perf_counter_ns() - started) / 1e6)
-            if (index + 1) % step == 0:
+            if (index + 1) % step == 0 and progress.shown():
                 print(f"   {spec['label']}: {index + 1}/{timing['iters']} iterations", end=end, file=sys.stderr,
                       flush=True)
     deciles = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
