@@ -26,15 +26,20 @@ channel unless the recipe says per_tensor. quantize.exclude keeps the nodes the 
 modules float (quantize_static's nodes_to_exclude), found by the module paths it records on each node. ONNX
 Runtime's pre-processing runs with shape inference only: its graph optimization step saved nothing on the models
 tried (the fuse stage and the exporter already fold batch norm) and declared eight ONNX Runtime-internal opset
-domains in the model. Dynamic int8 quantizes the operators `quantize_dynamic` takes by default (MatMul and Gemm with a
-constant weight, Conv, Gather of a constant table such as an embedding, Attention, LSTM...), weights int8 per channel
-unless the recipe says per_tensor; quantize.exclude keeps nodes float as in static mode (nodes_to_exclude). Dynamic
-axes stay dynamic.
+domains in the model. Where calibration finds a tensor whose range is not finite (the 0 / -inf additive mask that
+nn.MultiheadAttention makes of a padding mask, and the masked scores), the nodes that make or take it stay float and
+the build says which in one line: quantized, its scale would be inf and its values NaN (the zoo's text Transformer,
+static, verified at 3-7 dB; with the mask float, 16-30 dB). Dynamic int8 quantizes the operators `quantize_dynamic`
+takes by default (MatMul and Gemm with a constant weight, Conv, Gather of a constant table such as an embedding,
+Attention, LSTM...), weights int8 per channel unless the recipe says per_tensor; quantize.exclude keeps nodes float
+as in static mode (nodes_to_exclude). Dynamic axes stay dynamic.
 """
 
+import ast
 import logging
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import onnx
@@ -195,26 +200,90 @@ def calibration_options(observer):
 
 def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=None):
     """Static QDQ quantization of the float ONNX model, calibrated on the recipe's batches (`settings`: its
-    quantize.calibration), with the nodes of the modules at `exclude` (exclusion.resolve's paths) kept float."""
+    quantize.calibration), with the nodes of the modules at `exclude` (exclusion.resolve's paths) kept float.
+
+    Calibration's ranges are kept (quantize_static's calibration cache): where a tensor's range is not finite (the
+    0 / -inf additive mask nn.MultiheadAttention makes of a padding mask, and the masked scores), ONNX Runtime would
+    quantize it with a scale of inf, and every value of it dequantizes to NaN. The nodes that make or take such
+    tensors are then kept float (nodes_to_exclude), quantized again from the same ranges without calibrating again,
+    and the build says which in one line. A model whose ranges are all finite is quantized once, as it always was."""
     from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
 
     if not settings:
         raise MobileBuildError("int8 ONNX export needs calibration batches", field="quantize.calibration")
     field = calibration.field(settings)
     reader = _CalibrationReader(calibration.batches(settings, specs), specs, field)
-    kept = {"nodes_to_exclude": exclusion.onnx_nodes(proto, exclude)} if exclude else {}
+    excluded = exclusion.onnx_nodes(proto, exclude) if exclude else []
+    arguments = {"quant_format": QuantFormat.QDQ, "per_channel": weights != "per_tensor",
+                 "activation_type": QuantType.QUInt8, "weight_type": QuantType.QInt8,
+                 **calibration_options(observer)}
     with tempfile.TemporaryDirectory(prefix="mobilebuild-onnx-") as folder:
         prepared, quantized = Path(folder) / "prepared.onnx", Path(folder) / "quantized.onnx"
+        ranges = Path(folder) / "ranges.json"
         quant_pre_process(proto, prepared, skip_optimization=True, skip_symbolic_shape=True)
         try:
-            quantize_static(prepared, quantized, reader, quant_format=QuantFormat.QDQ,
-                            per_channel=weights != "per_tensor", activation_type=QuantType.QUInt8,
-                            weight_type=QuantType.QInt8, **kept, **calibration_options(observer))
+            # its warnings are shown once its model is known to be the one kept
+            with warnings.catch_warnings(record=True) as caught:
+                quantize_static(prepared, quantized, reader, calibration_cache_path=ranges,
+                                **({"nodes_to_exclude": excluded} if excluded else {}), **arguments)
         except ValueError:
             if not reader.seen:  # ONNX Runtime's "No data is collected."
                 raise MobileBuildError("calibration produced no batches", field=field) from None
             raise
+        unbounded = non_finite_ranges(ranges)
+        floated = [node for node in onnx.load(prepared).graph.node if node.name not in excluded
+                   and set(unbounded).intersection((*node.input, *node.output))] if unbounded else []
+        if not floated:
+            for warning in caught:
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+            return onnx.load(quantized)
+        unbounded = {name: reach for name, reach in unbounded.items()
+                     if any(name in (*node.input, *node.output) for node in floated)}
+        # the same ranges, read back from the cache: no second calibration (its log lines were the first run's)
+        with quiet(logs=logging.WARNING, output=False):
+            quantize_static(prepared, quantized, None, calibration_cache_path=ranges,
+                            nodes_to_exclude=excluded + [node.name for node in floated], **arguments)
+        print(f"   {kept_float_line(floated, unbounded)}")
         return onnx.load(quantized)
+
+
+def non_finite_ranges(path):
+    """{tensor name: what its calibrated range reaches} for each tensor whose range (quantize_static's calibration
+    cache at `path`) is not finite: "-inf", "inf" or "NaN"."""
+    import numpy
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    found = {}
+    for name, data in load_tensors_data(path).items():
+        try:
+            low, high = (numpy.asarray(end, dtype=numpy.float64) for end in data.range_value)
+        except AttributeError:  # a method that keeps no range
+            continue
+        reaches = [text for text, hit in (("-inf", numpy.isneginf(low).any() or numpy.isneginf(high).any()),
+                                          ("inf", numpy.isposinf(low).any() or numpy.isposinf(high).any()),
+                                          ("NaN", numpy.isnan(low).any() or numpy.isnan(high).any())) if hit]
+        if reaches:
+            found[name] = " and ".join(reaches)
+    return found
+
+
+def kept_float_line(nodes, tensors):
+    """One line: the nodes kept float because their tensors' ranges are not finite (non_finite_ranges), by the
+    module the exporter recorded for them."""
+    by_module = {}
+    for node in nodes:
+        scopes = next((entry.value for entry in node.metadata_props if entry.key == exclusion.ONNX_SCOPES), None)
+        try:
+            path = [scope for scope in ast.literal_eval(scopes)[:-1] if scope][-1] if scopes else None
+        except (ValueError, SyntaxError, TypeError, IndexError):
+            path = None
+        by_module.setdefault(path or "no module", []).append(f"{node.op_type} {node.name}")
+    reaches = sorted(set(tensors.values()))
+    mask = ", as an additive attention mask does" if reaches == ["-inf"] else ""
+    where = "; ".join(f"{path}: {', '.join(found)}" for path, found in by_module.items())
+    return (f"kept float: {len(nodes)} ONNX node(s) making or taking tensors whose calibrated range reaches "
+            f"{' or '.join(reaches)}{mask} ({', '.join(sorted(tensors))}): int8 would give them a scale of inf and "
+            f"NaN values; {where}")
 
 
 def quantize_dynamic_int8(proto, weights=None, exclude=()):

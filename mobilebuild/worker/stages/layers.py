@@ -21,9 +21,9 @@ Per route, with the tools its quantizer comes with:
   onnx:   the shipped int8 .onnx against the float model exported again, run with each tensor the comparison needs
           as an output of its own, in the shape it has at the data's sizes (whatever shape inference could declare:
           a dynamic dim's `positions[:, :seq]` has none); each quantized node of the QDQ model, cut out with its
-          quantize/dequantize pairs (onnx.utils.Extractor), runs on the float model's inputs;
-          onnxruntime.quantization.qdq_loss_debug's create_weight_matching/compute_weight_error add each node's
-          weight SQNR. A dynamically
+          quantize/dequantize pairs (onnx.utils.Extractor), runs on the float model's inputs (an input export kept
+          float, as an attention mask, included); onnxruntime.quantization.qdq_loss_debug's
+          create_weight_matching/compute_weight_error add each node's weight SQNR. A dynamically
           quantized model (quantize_dynamic) has no QDQ pairs: each integer unit (DynamicQuantizeLinear, then
           MatMulInteger or ConvInteger and the float ops that rescale its result; a Gather of an int8 table and its
           DequantizeLinear) is cut out from the float tensor it quantizes to the float model's tensor it replaces.
@@ -449,7 +449,7 @@ def onnx_layers(inputs, config, chunks):
         weights = _weight_errors(qdq_loss_debug, float_path, qdq_path)
     layers = list(_quantized_nodes(qdq)) + list(_integer_units(qdq, proto))
     labels = _onnx_labels(proto, [node for node, *_ in layers])
-    wanted = {name for _, feeds, _, original in layers for name in (*feeds, original)}
+    wanted = {name for _, feeds, _, original, unquantized in layers for name in (*feeds, original, *unquantized)}
     # The float model with each tensor the comparison reads as an output of its own, in the shape it has at the
     # data's sizes (whatever shapes inference could or could not declare for it)
     floating = onnxruntime.InferenceSession(_with_outputs(float_model, wanted).SerializeToString(), options,
@@ -460,9 +460,10 @@ def onnx_layers(inputs, config, chunks):
     for chunk in chunks:
         feed = {name: x.contiguous().numpy() for name, x in zip(names, chunk)}
         values = dict(zip(produced, floating.run(None, feed))) | feed
-        for node, feeds, output, original in layers:
+        for node, feeds, output, original, unquantized in layers:
             if original not in values or any(name not in values for name in feeds):
                 continue
+            feeds = list(dict.fromkeys([*feeds, *(name for name in unquantized if name in values)]))
             name, op = labels[node.name]
             if node.name not in pieces:
                 pieces[node.name] = _piece(qdq, feeds, output, values[original].dtype, values, options)
@@ -565,22 +566,28 @@ def _weight_errors(qdq_loss_debug, float_path, qdq_path):
 
 
 def _quantized_nodes(qdq):
-    """(node, its float inputs to feed, the output to read, the float model's name of that output) for each node of a
-    QDQ model whose activation inputs are quantized: the inputs are the tensors before their QuantizeLinear; the
-    output, its DequantizeLinear's where the node's output is quantized."""
+    """(node, its float inputs to feed, the output to read, the float model's name of that output, its inputs that
+    stay float) for each node of a QDQ model whose activation inputs are quantized: the inputs are the tensors before
+    their QuantizeLinear; the output, its DequantizeLinear's where the node's output is quantized. An input that no
+    QuantizeLinear quantizes but a node computes (one of the nodes export kept float, such as an attention mask's)
+    is fed the float model's value too, where it has one: the part cut out would otherwise reach back to the model's
+    inputs."""
     producer = {output: node for node in qdq.graph.node for output in node.output}
     consumers = {}
     for node in qdq.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     initializers = {init.name for init in qdq.graph.initializer}
+    graph_inputs = {value.name for value in qdq.graph.input}
     for node in qdq.graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.op_type in MOVES:
             continue
-        feeds = []
+        feeds, unquantized = [], []
         for name in node.input:
             dq = producer.get(name)
             if dq is None or dq.op_type != "DequantizeLinear":
+                if name in graph_inputs or (dq is not None and dq.op_type != "Constant"):
+                    unquantized.append(name)
                 continue
             q = producer.get(dq.input[0])
             if q is not None and q.op_type == "QuantizeLinear" and q.input[0] not in initializers:
@@ -594,7 +601,7 @@ def _quantized_nodes(qdq):
             dq = next((user for user in consumers.get(q.output[0], ()) if user.op_type == "DequantizeLinear"), None)
             if dq is not None:
                 output = dq.output[0]
-        yield node, list(dict.fromkeys(feeds)), output, original
+        yield node, list(dict.fromkeys(feeds)), output, original, tuple(dict.fromkeys(unquantized))
 
 
 INTEGER_OPS = ("MatMulInteger", "ConvInteger")  # quantize_dynamic's, fed by DynamicQuantizeLinear
@@ -634,7 +641,7 @@ def _integer_units(quantized, float_proto):
         if output not in made_by or not feeds or not all(f in made_by or f in graph_inputs for f in feeds):
             continue
         original = made_by[output]
-        yield SimpleNamespace(name=original.name, op_type=original.op_type), feeds, output, output
+        yield SimpleNamespace(name=original.name, op_type=original.op_type), feeds, output, output, ()
 
 
 def onnx_int8():
