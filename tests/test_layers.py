@@ -245,11 +245,15 @@ def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path):
     assert {"qkv", "proj", "mlp.0", "mlp.2", "head"} <= {row["name"] for row in result["layers"]}, result["layers"]
 
 
-def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention(tmp_path):
+def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention_and_logs_no_errors(tmp_path, caplog):
     """Two inputs, a dynamic seq, nn.TransformerEncoder. quantize_static calibrated the additive attention mask (0 and
     -inf) to an infinite scale, and the int8 attention's masked scores were all NaN: the export now keeps those nodes
     float, and the comparison feeds a node the float model's value of an input left float (the mask), so the
-    MultiheadAttention has a real SQNR."""
+    MultiheadAttention has a real SQNR. onnxruntime's create_weight_matching logged "ERROR:root:Model Error ...
+    weight tensor 'encoder.layers.0.norm1.bias0' not found!" (a shared bias quantized once per node): not any more,
+    and an all-zero bias gives no weight SQNR (it gave LayerNorm 0.0 dB)."""
+    import logging
+
     from mobilebuild.worker import reproducible
 
     source = encoder_source(tmp_path)
@@ -259,7 +263,9 @@ def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention(tmp_path)
                                               calibration=CALIBRATION, **source), tmp_path / "static.onnx")
         config = stages.LayersConfig(route="onnx", precision="int8", inputs=TOKENS_AND_MASK, samples=4, seed=0,
                                      top=40, options={}, calibration=CALIBRATION, **source)
-        result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "static.onnx")})
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "static.onnx")})
 
     assert_real(result)
     assert "not_compared" not in result, result["not_compared"]
@@ -268,3 +274,19 @@ def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention(tmp_path)
     attention = ranked["encoder.layers.0.self_attn"]
     assert attention["op"] == "MultiheadAttention" and 25 < attention["sqnr_db"] < 60, attention
     assert attention["float_inf_or_nan_values"] > 0  # the masked scores: -inf in float, left out
+    assert all(0 < row.get("weight_sqnr_db", 1) <= 300 for row in result["layers"]), result["layers"]
+    assert ranked["encoder.layers.0.norm1"]["weight_sqnr_db"] > 100  # its weight (all ones, exact), not its bias
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
+
+
+def test_dropped_logs_drops_only_the_expected_complaint(caplog):
+    import logging
+
+    from mobilebuild.worker import quiet
+
+    with caplog.at_level(logging.INFO), quiet.dropped_logs("test_layers", layers._UNMATCHED_WEIGHT):
+        logging.error("Model Error in '/tmp/x/float.onnx': weight tensor 'norm.bias0' not found!")
+        logging.error("Model Error in '/tmp/x/qdq.onnx': Dequantized tensor name 'w' not recognized!")
+        logging.getLogger("other").error("Model Error in '/tmp/x/float.onnx': weight tensor 'b' not found!")
+    logging.error("Model Error in '/tmp/x/float.onnx': weight tensor 'after' not found!")  # the filter is gone
+    assert [record.getMessage().split("'")[3] for record in caplog.records] == ["w", "b", "after"]

@@ -34,6 +34,25 @@ def quiet(logs=logging.CRITICAL, warnings=True, output=True):
             logging.disable(previous)
 
 
+
+@contextlib.contextmanager
+def dropped_logs(module, *patterns, logger=None):
+    """Log records that the Python module named `module` (its file's name, as logging records it) logs to `logger`
+    (the root logger by default) and whose message matches one of the regular expressions `patterns` go; every
+    other record passes, at every level: a library's expected complaints, not its real failures."""
+    compiled = [re.compile(pattern) for pattern in patterns]
+
+    def keep(record):
+        return not (record.module == module and any(p.search(record.getMessage()) for p in compiled))
+
+    target = logging.getLogger(logger)
+    target.addFilter(keep)
+    try:
+        yield
+    finally:
+        target.removeFilter(keep)
+
+
 # torch's C++ warnings: "[W1123 23:53:09.382403295 qlinear_dynamic.cpp:251] Warning: ..." (date, time, and a
 # process id on some builds), printed each time the code runs: a quantized cat warned 32 times per benchmark
 C10_WARNING = re.compile(rb"^\[W\d{4} [\d:.]+(?: \d+)? ([^\]]+)\] (.*)")

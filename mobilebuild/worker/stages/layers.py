@@ -23,7 +23,8 @@ Per route, with the tools its quantizer comes with:
           a dynamic dim's `positions[:, :seq]` has none); each quantized node of the QDQ model, cut out with its
           quantize/dequantize pairs (onnx.utils.Extractor), runs on the float model's inputs (an input export kept
           float, as an attention mask, included); onnxruntime.quantization.qdq_loss_debug's
-          create_weight_matching/compute_weight_error add each node's weight SQNR. A dynamically
+          create_weight_matching/compute_weight_error add each node's weight SQNR (its weight's, not its bias's),
+          without its log lines about the copies of a shared bias. A dynamically
           quantized model (quantize_dynamic) has no QDQ pairs: each integer unit (DynamicQuantizeLinear, then
           MatMulInteger or ConvInteger and the float ops that rescale its result; a Gather of an int8 table and its
           DequantizeLinear) is cut out from the float tensor it quantizes to the float model's tensor it replaces.
@@ -548,20 +549,31 @@ def _onnx_labels(proto, nodes):
     return named
 
 
+# create_weight_matching logs an error for each quantized constant of the QDQ model that the float model has no
+# initializer of, as normal models have: quantize_static quantizes a bias that several nodes share (the exporter
+# merges equal initializers, such as an untrained model's LayerNorm biases) once per node, under a new name
+# ('encoder.layers.0.norm1.bias0'). Such a copy just has no weight SQNR.
+_UNMATCHED_WEIGHT = r"^Model Error in '[^']*': weight tensor '[^']*' not found!$"
+
+
 def _weight_errors(qdq_loss_debug, float_path, qdq_path):
-    """ONNX node name -> the SQNR of its quantized weight."""
+    """ONNX node name -> the SQNR of its quantized weight: its first quantized constant input (the weight, before the
+    bias) whose float values are not all zero (no signal: an untrained bias)."""
+    import numpy
     import onnx
 
     try:
-        errors = qdq_loss_debug.compute_weight_error(qdq_loss_debug.create_weight_matching(str(float_path),
-                                                                                           str(qdq_path)))
+        with quiet.dropped_logs("qdq_loss_debug", _UNMATCHED_WEIGHT):
+            matched = qdq_loss_debug.create_weight_matching(str(float_path), str(qdq_path))
+        errors = qdq_loss_debug.compute_weight_error(matched)
     except Exception:  # a debugging aid: the layer ranking does not need it
         return {}
     found = {}
     for node in onnx.load(str(float_path)).graph.node:
         for name in node.input:
-            if name in errors:
-                found[node.name] = round(float(errors[name]), 2)
+            if name in errors and numpy.any(matched[name]["float"]) and math.isfinite(errors[name]):
+                found[node.name] = round(min(float(errors[name]), metrics.SQNR_CEILING_DB), 2)  # exact: the ceiling
+                break
     return found
 
 
