@@ -168,3 +168,24 @@ class TinyEncoder(nn.Module):
 def tiny_encoder():
     torch.manual_seed(0)
     return TinyEncoder().eval()
+
+
+class TinyHardswish(nn.Module):
+    """MobileNetV3's activation as torchvision writes it, nn.Hardswish(inplace=True), after each Conv-BN; global
+    pooling and a Linear head. Eager mode has no stubs for it: the quantize stage quantizes it in FX graph mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                                      nn.Hardswish(inplace=True), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                                      nn.BatchNorm2d(8), nn.Hardswish(inplace=True))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.pool(self.features(x)), 1))
+
+
+def tiny_hardswish():
+    torch.manual_seed(0)
+    return randomize_batchnorm(TinyHardswish())

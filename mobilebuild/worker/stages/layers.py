@@ -8,7 +8,9 @@ Per route, with the tools its quantizer comes with:
           module shadowed by the fused float module at the same path, both fed the same (dequantized) input: torch's
           eager numeric suite (torch.ao.ns._numeric_suite.prepare_model_with_stubs, as compare_model_stub does).
   fx:     a model the quantize stage quantized in FX graph mode: torch.ao.ns._numeric_suite_fx.add_shadow_loggers,
-          which feeds a copy of each quantized op the float model's input (quantized as the int8 model does).
+          which feeds a copy of each quantized op the float model's input (quantized as the int8 model does), here
+          always dequantized (the suite hands an op that takes either dtype, a hardswish or a pool, the quantized
+          tensor) and run out of place; a copy that still cannot run leaves its layer under not_compared.
   pt2e:   ExecuTorch int8. The stock executorch 1.3.1 wheel's runtime has no event tracer ("No etdump data found,
           try rebuilding with the CMake option EXECUTORCH_ENABLE_EVENT_TRACER"), so ETDump and the Inspector's
           numeric gap cannot run here; and inside an XNNPACK delegate the runtime shows no per-op outputs anyway.
@@ -41,11 +43,13 @@ import copy
 import dataclasses
 import json
 import math
+import re
 import time
 from types import SimpleNamespace
 
 import torch
 from torch.ao.ns import _numeric_suite as ns
+from torch.ao.quantization.observer import ObserverBase
 
 from mobilebuild import store
 from mobilebuild.errors import MobileBuildError
@@ -226,11 +230,16 @@ def fx_layers(inputs, config, chunks, quantized):
     with quiet.quiet(output=False):
         observed = fx_quantize.prepared(fused, config.engine, config.inputs, qconfig, *([exclude] if exclude else []))
         shadowed = ns_fx.add_shadow_loggers("float", observed, "int8", quantized, ns_fx.OutputLogger)
+    guards = _guarded_shadows(shadowed)
     loggers = [module for module in shadowed.modules() if isinstance(module, ns_fx.OutputLogger)]
     errors = _Errors()
     with torch.no_grad():
         for chunk in chunks:
             shadowed(*chunk)
+            for node_name, guard in guards.values():
+                if guard.failed:
+                    errors.skip(*_shadow_label(loggers, node_name),
+                                f"its float module cannot run on the int8 model's input: {guard.failed}")
             found = ns_fx.extract_shadow_logger_info(shadowed, ns_fx.OutputLogger, "int8")
             for subgraph in found.values():
                 for kind in subgraph.values():
@@ -244,6 +253,84 @@ def fx_layers(inputs, config, chunks, quantized):
             for logger in loggers:
                 logger.stats = []
     return errors, "fx"
+
+
+# The FX numeric suite names the float copies it adds beside an int8 node "<its name>_shadow_copy_<n>" (the op, then
+# the float model's observer after it), what converts the int8 model's value for them "<its name>_dtype_cast_<n>"
+_SHADOW = "_shadow_copy_"
+_SHADOW_COPY = re.compile(r"^(?P<node>.+)_shadow_copy_\d+$")
+_CAST = re.compile(r"^.+_dtype_cast_\d+$")
+
+
+class _Dequantize(torch.nn.Module):
+    def forward(self, x):
+        return x.dequantize() if isinstance(x, torch.Tensor) and x.is_quantized else x
+
+
+class _GuardedShadow(torch.nn.Module):
+    """A float module's copy that shadows an int8 node, kept from failing the whole comparison: where it cannot run,
+    why is noted (its layer is then not compared) and its input passes on, as a float tensor, to the logger its
+    branch ends in."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.failed = None
+
+    def forward(self, *args, **kwargs):
+        if self.failed is None:
+            try:
+                return self.module(*args, **kwargs)
+            except Exception as exc:  # a kernel's error for that input: any type
+                self.failed = f"{type(exc).__name__}: {modeling.first_line(exc)}"
+        value = next((arg for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor)), None)
+        return value.dequantize() if value is not None and value.is_quantized else value
+
+
+def _guarded_shadows(shadowed):
+    """{copy's name: (the int8 node's name, its guard)} for the float module copies that add_shadow_loggers put
+    beside the int8 nodes, each fed float, run out of place and wrapped in a _GuardedShadow. The suite hands an op
+    that takes float or int8 alike (a hardswish, a pool) the int8 model's quantized tensor as it is (its dtype cast
+    is an Identity): MobileNetV3's nn.Hardswish(inplace=True) failed the whole comparison there, quantized tensors
+    having no hardswish_ ("Could not run 'aten::hardswish_' with arguments from the 'QuantizedCPU' backend"), and
+    out of place its quantized result failed the float model's observer after it (aminmax). Dequantized, each float
+    copy gets what the others get: the int8 model's input as float. Out of place, a copy computes the same values,
+    and cannot change a float tensor the int8 model still uses."""
+    from torch.ao.ns._numeric_suite_fx import OutputLogger
+
+    guards = {}
+    for node in shadowed.graph.nodes:
+        if node.op == "call_function" and _SHADOW_COPY.match(node.name) and node.kwargs.get("inplace"):
+            node.kwargs = {**node.kwargs, "inplace": False}
+        if node.op != "call_module":
+            continue
+        module = shadowed.get_submodule(node.target)
+        if _CAST.match(node.target):
+            if isinstance(module, torch.nn.Identity):
+                setattr(shadowed, node.target, _Dequantize())
+            continue
+        copy = _SHADOW_COPY.match(node.target)
+        if not copy or isinstance(module, (ObserverBase, torch.ao.quantization.FakeQuantizeBase, OutputLogger)):
+            continue  # the float model's observer after the op passes values on
+        for inner in module.modules():
+            if getattr(inner, "inplace", None) is True:
+                inner.inplace = False
+        guard = _GuardedShadow(module)
+        guards[node.target] = (copy["node"], guard)
+        setattr(shadowed, node.target, guard)
+    shadowed.recompile()
+    return guards
+
+
+def _shadow_label(loggers, node_name):
+    """(name, op) of the int8 node `node_name` as the comparison names it, from the loggers of its branch."""
+    float_side = next((logger for logger in loggers if logger.model_name == "float"
+                       and logger.ref_node_name.startswith(node_name + _SHADOW)), None)
+    int8_side = next((logger for logger in loggers if logger.model_name == "int8"
+                      and logger.ref_node_name == node_name), None)
+    sides = [side for side in (int8_side, float_side) if side is not None]
+    name = next((side.fqn for side in sides if side.fqn), node_name)
+    return name, _type_name(next((side.ref_node_target_type for side in sides if side.ref_node_target_type), None))
 
 
 def _type_name(target_type):
