@@ -274,6 +274,7 @@ def test_tune_keeps_the_broken_block_float_and_says_so_as_a_patch(project, poiso
     assert "quantize: {exclude: [broken]" in first.stdout
     patch_file = project.root / ".mobilebuild" / "tune" / "plain-qnnpack.patch"
     assert patch_file.read_text() in first.stdout and "+  quantize: {exclude: [broken]" in patch_file.read_text()
+    assert "iterations" not in first.stderr  # the table's rows are the progress: no stage progress lines
     assert path.read_text() == before  # shown, not applied
     # the candidates were nodes of the build, not of the user's recipe, and a plain build does not see them
     listed = project.run("list", "--all")
@@ -302,3 +303,9 @@ def test_tune_keeps_the_broken_block_float_and_says_so_as_a_patch(project, poiso
     rebuilt = project.run()
     assert "verified:plain" not in rebuilt.stderr, rebuilt.stdout + rebuilt.stderr
     assert json.loads(project.artifact("plain/verify-qnnpack.json").read_text())["status"] == "passed"
+
+    assert (project.root / "artifacts" / "plain.tune").is_dir()
+    cleaned = subprocess.run([sys.executable, "-m", "mobilebuild.cli", "clean"], cwd=project.root,
+                             capture_output=True, text=True, timeout=600)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not (project.root / "artifacts").exists() and not (project.root / command.TUNE_DIR).exists()

@@ -161,12 +161,26 @@ class Clean(cmd_clean.Clean):
         if not pos_args:
             for leftover in Path(graph.ARTIFACTS_DIR).glob("graph.*"):
                 leftover.unlink()
+            _remove_tune_candidates()
             for folder in BUILT_FOLDERS:
                 _remove_empty_folders(Path(folder))
         removed = len(before - _built_files())
         shown.write(f"removed {removed} file{'s' if removed != 1 else ''} "
                     f"({', '.join(f'{folder}/' for folder in BUILT_FOLDERS)})\n")
         return result
+
+
+def _remove_tune_candidates():
+    """What `mobilebuild tune` built: its candidates' artifacts, plots and generated recipes, which no task of the
+    build names."""
+    from mobilebuild.tune.command import SUFFIX, TUNE_DIR
+
+    artifacts = Path(graph.ARTIFACTS_DIR)
+    for leftover in [*artifacts.glob(f"*{SUFFIX}"), *artifacts.glob(f"plots/*{SUFFIX}.*"), Path(TUNE_DIR)]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        elif leftover.exists():
+            leftover.unlink()
 
 
 def _built_files():
