@@ -318,6 +318,18 @@ def test_dynamic_int8_keeps_excluded_modules_float_and_is_reproducible(text_expo
     assert text_sqnr(model, none, 16) > FP32_DB > text_sqnr(model, dynamic, 16)
 
 
+def test_percentile_calibration_takes_batches_of_a_dynamic_dims_sizes(tmp_path):
+    """Random calibration batches take a dynamic dim at its example, smallest and largest size in turn; ONNX Runtime's
+    percentile (histogram) calibrator stacked each tensor's data from all batches into one array and raised
+    ValueError "inhomogeneous shape". The batches are now given to it one at a time: 14.9 / 34.9 / 35.2 dB at
+    4 / 16 / 32 tokens (minmax: 14.9 / 35.9 / 35.9)."""
+    model, output = export_text(tmp_path, "static", name="percentile", observer="percentile")
+    facts = ort_runtime.inspect(output, {})
+    assert facts["op_types"].get("QuantizeLinear") and facts["inputs"][0]["shape"] == [1, "seq"]
+    results = [text_sqnr(model, output, length) for length in (4, 16, 32)]
+    assert min(results) > 14 and min(results[1:]) > 30, results
+
+
 # --- static int8 of a Transformer with a padding mask ---------------------------------------------------------------
 
 TOKENS_AND_MASK = [{**TOKENS, "name": name, "range": [0, high]} for name, high in (("ids", 100), ("mask", 2))]

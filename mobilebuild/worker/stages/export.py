@@ -21,7 +21,8 @@ Options (config.options): "opset": the ai.onnx opset to target, None for the exp
 2.12). Opsets below 18 are refused: this exporter writes 18 and up, and silently keeps 18 when conversion down fails.
 
 int8: activations uint8, weights int8 (the pairing ONNX Runtime's CPU kernels are fastest with on x86, and fine on
-ARM), MinMax calibration unless quantize.observer names another of ONNX Runtime's calibration methods, weights per
+ARM), MinMax calibration unless quantize.observer names another of ONNX Runtime's calibration methods (percentile,
+a histogram one, is given batches of different sizes one at a time: see histogram_feeds), weights per
 channel unless the recipe says per_tensor. quantize.exclude keeps the nodes the exporter made for the excluded
 modules float (quantize_static's nodes_to_exclude), found by the module paths it records on each node. ONNX
 Runtime's pre-processing runs with shape inference only: its graph optimization step saved nothing on the models
@@ -186,6 +187,44 @@ class _CalibrationReader:
         return {spec["name"]: t.detach().contiguous().numpy() for spec, t in zip(self.specs, tensors)}
 
 
+class _Feeds:
+    """Calibration feeds already read (a list), as a CalibrationDataReader that quantize_static can also walk in
+    strides (CalibStridedMinMax): `__len__` and `set_range`."""
+
+    def __init__(self, feeds):
+        self.feeds, self.at, self.stop = feeds, 0, len(feeds)
+
+    def get_next(self):
+        if self.at >= self.stop:
+            return None
+        self.at += 1
+        return self.feeds[self.at - 1]
+
+    def __len__(self):
+        return len(self.feeds)
+
+    def set_range(self, start_index, end_index):
+        self.at, self.stop = start_index, min(end_index, len(self.feeds))
+
+
+HISTOGRAM_OBSERVERS = ("percentile",)  # ONNX Runtime's HistogramCalibrater: one array per tensor of all batches
+
+
+def histogram_feeds(reader, field):
+    """The batches of `reader` for a histogram-based calibration, with quantize_static's extra options for them.
+
+    ONNX Runtime's HistogramCollector stacks what each tensor took in all the batches into one array (np.asarray of
+    the list), so batches of different sizes (a dynamic dim at its example, smallest and largest size in turn, or a
+    calibration function's sentences) raised ValueError "inhomogeneous shape". Then the batches are given one at a
+    time (CalibStridedMinMax: 1, which quantize_static applies to every calibrator): each tensor's histogram grows
+    batch by batch, as ONNX Runtime merges histograms anyway. Batches all of one shape are given as before, at once."""
+    feeds = list(iter(reader.get_next, None))
+    if not feeds:
+        raise MobileBuildError("calibration produced no batches", field=field)
+    shapes = {tuple((name, value.shape) for name, value in feed.items()) for feed in feeds}
+    return _Feeds(feeds), ({"CalibStridedMinMax": 1} if len(shapes) > 1 else {})
+
+
 def calibration_options(observer):
     """quantize_static's arguments for quantize.observer (plan.routes.ORT_OBSERVERS); none for its default."""
     from onnxruntime.quantization import CalibrationMethod
@@ -217,6 +256,11 @@ def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=Non
     arguments = {"quant_format": QuantFormat.QDQ, "per_channel": weights != "per_tensor",
                  "activation_type": QuantType.QUInt8, "weight_type": QuantType.QInt8,
                  **calibration_options(observer)}
+    feeds, calibrating = reader, arguments
+    if observer in HISTOGRAM_OBSERVERS:
+        feeds, strided = histogram_feeds(reader, field)
+        if strided:
+            calibrating = {**arguments, "extra_options": {**arguments.get("extra_options", {}), **strided}}
     with tempfile.TemporaryDirectory(prefix="mobilebuild-onnx-") as folder:
         prepared, quantized = Path(folder) / "prepared.onnx", Path(folder) / "quantized.onnx"
         ranges = Path(folder) / "ranges.json"
@@ -224,8 +268,8 @@ def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=Non
         try:
             # its warnings are shown once its model is known to be the one kept
             with warnings.catch_warnings(record=True) as caught:
-                quantize_static(prepared, quantized, reader, calibration_cache_path=ranges,
-                                **({"nodes_to_exclude": excluded} if excluded else {}), **arguments)
+                quantize_static(prepared, quantized, feeds, calibration_cache_path=ranges,
+                                **({"nodes_to_exclude": excluded} if excluded else {}), **calibrating)
         except ValueError:
             if not reader.seen:  # ONNX Runtime's "No data is collected."
                 raise MobileBuildError("calibration produced no batches", field=field) from None
