@@ -377,6 +377,22 @@ def test_static_int8_keeps_an_attention_masks_infinite_tensors_float(tmp_path, c
     assert min(sqnr for sqnr, _ in results) > 14 and results[1][0] > 28, results
 
 
+def test_the_percentile_observer_refuses_an_attention_masks_infinite_values_in_one_line(tmp_path):
+    """ONNX Runtime's histogram (percentile) calibrator stops at the mask's -inf ("autodetected range of [0.0, inf]
+    is not finite"), before the ranges that would keep those nodes float exist."""
+    from mobilebuild.worker import reproducible
+
+    model = tiny_models.tiny_encoder()
+    rebuild = tiny_models.stored_fused(model, tmp_path / "fused.pt", "tiny_models:tiny_encoder")
+    with reproducible.plain_attention(), pytest.raises(MobileBuildError) as refused:
+        export.run({"model": tmp_path / "fused.pt"},
+                   ExportConfig(precision="int8", inputs=TOKENS_AND_MASK, options={}, calibration=CALIBRATION,
+                                observer="percentile", **rebuild), tmp_path / "percentile.onnx")
+    assert refused.value.field == "quantize.observer"
+    assert "use observer minmax" in refused.value.message and "\n" not in refused.value.message
+    assert not (tmp_path / "percentile.onnx").exists()
+
+
 def test_static_int8_of_a_model_with_finite_ranges_is_quantize_static_as_it_was(tmp_path, capsys):
     """Ranges are kept (quantize_static's calibration cache) to find the infinite ones; a model without any is
     quantized once, byte for byte as the plain quantize_static call made it, and nothing is said."""

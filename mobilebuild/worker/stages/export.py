@@ -270,9 +270,15 @@ def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=Non
             with warnings.catch_warnings(record=True) as caught:
                 quantize_static(prepared, quantized, feeds, calibration_cache_path=ranges,
                                 **({"nodes_to_exclude": excluded} if excluded else {}), **calibrating)
-        except ValueError:
+        except ValueError as exc:
             if not reader.seen:  # ONNX Runtime's "No data is collected."
                 raise MobileBuildError("calibration produced no batches", field=field) from None
+            if observer in HISTOGRAM_OBSERVERS and "is not finite" in str(exc):
+                # a histogram cannot hold -inf: the mask's tensors fail before their ranges can be kept float
+                raise MobileBuildError(
+                    f"the {observer} observer cannot calibrate tensors whose values reach -inf or inf, as an "
+                    "additive attention mask's do (ONNX Runtime: autodetected range is not finite): use observer "
+                    "minmax, which keeps those nodes float", field="quantize.observer") from None
             raise
         unbounded = non_finite_ranges(ranges)
         floated = [node for node in onnx.load(prepared).graph.node if node.name not in excluded
