@@ -105,6 +105,20 @@ def project(tmp_path):
 
 
 @pytest.fixture
+def no_build(monkeypatch):
+    """`mobilebuild check` with the build's tasks replaced by a stand-in that makes nothing: what is left is what the
+    check computes itself (the model's structure and advice, the interface findings)."""
+    from mobilebuild.preflight import shipped, whole_recipe
+
+    def make(task_names, finished, verify_tasks=None):
+        for name in task_names:
+            finished(name, shipped.Outcome("failed", name, "not made: the build's tasks are not run in this test"))
+        return 1
+
+    monkeypatch.setattr(whole_recipe, "make", make)
+
+
+@pytest.fixture
 def poisoned_torch(tmp_path):
     """A PYTHONPATH entry whose `torch` raises on import: proves a command never imports it."""
     shim = tmp_path / "poison"

@@ -15,7 +15,7 @@ from doit.exceptions import TaskFailed, UnmetDependency
 
 from mobilebuild import preflight
 from mobilebuild.plan import graph, recipe, routes
-from mobilebuild.preflight import command, shipped, whole_recipe
+from mobilebuild.preflight import command, shipped
 from mobilebuild.preflight.targets import TargetCheck
 
 # Factories for the recipes below; a module name of its own, as recipe factories are imported by name.
@@ -153,17 +153,6 @@ def root(tmp_path_factory):
     return project.root
 
 
-@pytest.fixture
-def advice_only(monkeypatch):
-    """The build's tasks replaced by a stand-in that makes nothing: what is left is the model's advice."""
-    def make(task_names, finished, verify_tasks=None):
-        for name in task_names:
-            finished(name, shipped.Outcome("failed", name, "not made: the build's tasks are not run in this test"))
-        return 1
-
-    monkeypatch.setattr(whole_recipe, "make", make)
-
-
 def write_recipe(root, name, factory, targets, input_config=NHWC, **settings):
     recipe_ = {"name": name, "model": {"factory": f"preflight_models:{factory}"}, "input": input_config,
                "quantize": {"calibration": {"source": "random", "batches": 1, "seed": 0}},
@@ -193,7 +182,7 @@ def build(root, *tasks):
 # --- the model's advice (fast: the build's tasks stand aside) -------------------------------------------------
 
 
-def test_relu6_is_flagged_for_nnapi_and_fuses_on_xnnpack(root, advice_only):
+def test_relu6_is_flagged_for_nnapi_and_fuses_on_xnnpack(root, no_build):
     report = preflight.run(write_recipe(root, "relu6", "relu6", [{"backend": "nnapi"}, {"backend": "xnnpack"}]), root)
     (advice,) = of_kind(by_target(report, "nnapi"), "advice")
     assert advice["target"] == "nnapi" and advice["where"] == "features.0"
@@ -201,14 +190,14 @@ def test_relu6_is_flagged_for_nnapi_and_fuses_on_xnnpack(root, advice_only):
     assert of_kind(by_target(report, "xnnpack"), "advice") == []  # a clamp: optimize_for_mobile folds it
 
 
-def test_widths_not_a_multiple_of_8_are_listed_by_layer(root, advice_only):
+def test_widths_not_a_multiple_of_8_are_listed_by_layer(root, no_build):
     report = preflight.run(write_recipe(root, "narrow", "narrow", [{"backend": "xnnpack"}]), root)
     (width,) = report["model"]["findings"]  # the head's 5 outputs are the task's, not flagged
     assert width["target"] == preflight.ALL_TARGETS and width["kind"] == "advice"
     assert width["where"] == "features.0 (Conv2d)" and width["detail"].startswith("12 output channels")
 
 
-def test_advice_depends_on_what_the_target_fuses(root, advice_only):
+def test_advice_depends_on_what_the_target_fuses(root, no_build):
     targets = [{"backend": "xnnpack"}, {"backend": "onnx"}]
     report = preflight.run(write_recipe(root, "hardswish", "hardswish", targets, NCHW), root)
     wheres = {item["where"]: item["detail"] for item in of_kind(by_target(report, "xnnpack"), "advice")}
@@ -217,18 +206,18 @@ def test_advice_depends_on_what_the_target_fuses(root, advice_only):
     assert of_kind(by_target(report, "onnx"), "advice") == []  # no claim about ONNX Runtime's fusions
 
 
-def test_a_model_that_converts_its_own_input_needs_no_channels_last_advice(root, advice_only):
+def test_a_model_that_converts_its_own_input_needs_no_channels_last_advice(root, no_build):
     report = preflight.run(write_recipe(root, "converts", "converts_its_input", [{"backend": "xnnpack"}], NCHW), root)
     assert [item["where"] for item in of_kind(by_target(report, "xnnpack"), "advice")] == ["features.0"]
 
 
-def test_a_conv_bn_pair_eager_fusion_did_not_see(root, advice_only):
+def test_a_conv_bn_pair_eager_fusion_did_not_see(root, no_build):
     report = preflight.run(write_recipe(root, "branchy_pair", "branchy", [{"backend": "xnnpack"}]), root)
     (pair,) = report["model"]["findings"]
     assert pair["where"] == "bn after conv" and "[conv, bn]" in pair["detail"]
 
 
-def test_a_blocked_target_says_why_in_its_line_and_blocks(root, advice_only, monkeypatch, capsys):
+def test_a_blocked_target_says_why_in_its_line_and_blocks(root, no_build, monkeypatch, capsys):
     path = write_recipe(root, "lines", "clean", [{"backend": "xnnpack"}, {"backend": "onnx"}])
     monkeypatch.chdir(root)
     assert preflight.check_command([str(path)]) == 1

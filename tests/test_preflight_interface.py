@@ -11,7 +11,7 @@ from conftest import Project
 
 from mobilebuild import preflight
 from mobilebuild.plan import routes
-from mobilebuild.preflight import interface, shipped, whole_recipe
+from mobilebuild.preflight import interface
 
 MODELS = textwrap.dedent('''
     import collections
@@ -82,16 +82,6 @@ def root(tmp_path_factory):
     project = Project(tmp_path_factory.mktemp("interface"))
     (project.root / "interface_models.py").write_text(MODELS)
     return project.root
-
-
-@pytest.fixture
-def no_build(monkeypatch):
-    def make(task_names, finished, verify_tasks=None):
-        for name in task_names:
-            finished(name, shipped.Outcome("failed", name, "not made here"))
-        return 1
-
-    monkeypatch.setattr(whole_recipe, "make", make)
 
 
 def write(root, name, model, interface_spec, script="script", targets=EVERY_HOST_ROUTE):

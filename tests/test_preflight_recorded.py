@@ -15,7 +15,7 @@ import yaml
 from conftest import Project
 
 from mobilebuild import preflight, store
-from mobilebuild.preflight import recorded, shipped, structure, whole_recipe
+from mobilebuild.preflight import recorded, structure
 
 MODEL = textwrap.dedent('''
     import torch
@@ -54,17 +54,6 @@ def write(root, name="reuse", **settings):
     path = root / "recipes" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path.relative_to(root).as_posix()
-
-
-@pytest.fixture
-def no_build(monkeypatch):
-    """The build's tasks replaced by a stand-in that makes nothing: the model's structure is all a check computes."""
-    def make(task_names, finished, verify_tasks=None):
-        for name in task_names:
-            finished(name, shipped.Outcome("failed", name, "not made here"))
-        return 1
-
-    monkeypatch.setattr(whole_recipe, "make", make)
 
 
 # --- the records (fast) -----------------------------------------------------------------------------------------
