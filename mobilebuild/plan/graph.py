@@ -9,7 +9,7 @@ import os
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import routes, stages
-from mobilebuild.plan.chain import ARTIFACTS_DIR, CHAIN, Chain, model_source, out_dir, source_files
+from mobilebuild.plan.chain import ARTIFACTS_DIR, CHAIN, Chain, forget_source_files, model_source, out_dir, source_files
 from mobilebuild.plan.node import Node
 from mobilebuild.plan.recipe import default_thresholds
 
@@ -228,6 +228,7 @@ def build(recipes, root):
 
 def build_each(recipes, root):
     """(the nodes of every recipe that plans, the problems of those that do not)."""
+    forget_source_files()  # files may have come or gone since an earlier plan in this process
     nodes, problems = [], []
     for recipe in recipes:
         try:

@@ -1,7 +1,7 @@
 """The project's graph: every recipe below the repository's recipes/ folder, as nodes. Its one home, read by the
 doit tasks (once per doit process) and the release."""
 
-from mobilebuild.plan import chain, graph, recipe
+from mobilebuild.plan import graph, recipe
 
 
 def nodes(root):
@@ -12,7 +12,6 @@ def nodes(root):
 def load(root):
     """(every node of every valid recipe under `root`, {recipe file: its problems, one line each} of the others): an
     invalid recipe is an error for that recipe alone."""
-    chain.forget_source_files()  # files may have come or gone since an earlier load in this process
     recipes, problems = recipe.load_each(root)
     nodes, planning = graph.build_each(recipes, root)
     invalid = {}
