@@ -78,19 +78,19 @@ class NodeUpToDate(config_changed):
             json.dumps(key["config"], sort_keys=True), json.dumps(key["stage"]), _encoded_once(key["toolchain"]))
         return hashlib.md5(text.encode("utf-8")).hexdigest()
 
-    def target_state(self):
+    def target_stat(self):
         try:
-            return file_state(self.target, os.stat(self.target))
+            return os.stat(self.target)
         except FileNotFoundError:
             return None
 
+    def target_state(self):
+        stat = self.target_stat()
+        return None if stat is None else file_state(self.target, stat)
+
     def __call__(self, task, values):
         self.previous = values.get("_key")
-        recorded = values.get("target")
-        try:
-            stat = os.stat(self.target)
-        except FileNotFoundError:
-            stat = None
+        recorded, stat = values.get("target"), self.target_stat()
         self.intact = stat is not None and recorded is not None and not content_changed(self.target, stat, recorded)
         return super().__call__(task, values) and self.intact
 
