@@ -622,6 +622,6 @@ def test_a_python_warning_is_shown_once_per_build(monkeypatch, tmp_path):
     monkeypatch.setenv(quiet.SHOWN_WARNINGS, str(tmp_path / "shown"))
     assert shown(stage, stage) == [  # a later stage of the same build shows none again
         "All inputs of this cat operator must share the same quantization parameters", "another"]
-    with quiet.warnings_once_across_runs():  # tune's rounds share one list, whatever the build had
+    with quiet.shown_warnings_list():  # tune's rounds share one list, whatever the build had
         assert len(shown(stage, stage)) == 2
     assert os.environ[quiet.SHOWN_WARNINGS] == str(tmp_path / "shown")

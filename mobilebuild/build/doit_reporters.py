@@ -5,7 +5,6 @@ broken recipe kept doit from writing it."""
 import contextlib
 import os
 import sys
-import tempfile
 
 from doit import reporter
 from doit.exceptions import TaskError, UnmetDependency
@@ -14,7 +13,7 @@ from doit.reporter import ConsoleReporter
 from mobilebuild.build.actions import write_manifests_despite, write_report_despite
 from mobilebuild.build.execute import untrusted_summary
 from mobilebuild.build.repo_lock import hold_build_lock
-from mobilebuild.worker.quiet import SHOWN_WARNINGS
+from mobilebuild.worker.quiet import SHOWN_WARNINGS, shown_warnings_list
 
 
 class RunHooks:
@@ -27,11 +26,9 @@ class RunHooks:
         self.failed = {}
         # the workers, started after this, show each warning once per build (worker/quiet.py); `mobilebuild tune`
         # sets one for all its runs
-        self.warnings_file = None
+        self.shown_warnings = contextlib.ExitStack()
         if SHOWN_WARNINGS not in os.environ:
-            handle, self.warnings_file = tempfile.mkstemp(prefix="mobilebuild-warnings-")
-            os.close(handle)
-            os.environ[SHOWN_WARNINGS] = self.warnings_file
+            self.shown_warnings.enter_context(shown_warnings_list())
         if hasattr(super(), "initialize"):
             super().initialize(tasks, selected_tasks)
 
@@ -41,10 +38,8 @@ class RunHooks:
 
     def complete_run(self):
         super().complete_run()
-        if getattr(self, "warnings_file", None):
-            os.environ.pop(SHOWN_WARNINGS, None)
-            with contextlib.suppress(OSError):
-                os.unlink(self.warnings_file)
+        if hasattr(self, "shown_warnings"):
+            self.shown_warnings.close()
         summary = untrusted_summary()
         if summary:  # the real stderr: doit's JSON reporter swaps sys.stderr for a buffer
             print(summary, file=sys.__stderr__, flush=True)

@@ -83,7 +83,7 @@ def tune_command(args, root="."):
         return 2
     # the table's rows say how far it is: the stages' progress lines, and each warning for every candidate, would
     # bury them (the workers, started by the first round, inherit both settings)
-    with _dask(options.dask) as slots, quiet.warnings_once_across_runs(), quiet.environment(progress.SILENT, "1"):
+    with _dask(options.dask) as slots, quiet.shown_warnings_list(), quiet.environment(progress.SILENT, "1"):
         try:
             return session.run(slots)
         except Refused as exc:

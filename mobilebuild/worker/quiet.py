@@ -146,9 +146,9 @@ def warnings_once():
 
 
 @contextlib.contextmanager
-def warnings_once_across_runs():
-    """One list of the warnings shown for several doit runs (`mobilebuild tune`'s rounds): the build's reporter keeps
-    a list it finds set, where it would otherwise start its own."""
+def shown_warnings_list():
+    """A list of the warnings shown, for the workers started in this block to share (SHOWN_WARNINGS): a build's
+    reporter starts one; `mobilebuild tune` one for all its rounds, which their reporters keep."""
     handle, path = tempfile.mkstemp(prefix="mobilebuild-warnings-")
     os.close(handle)
     try:
