@@ -7,7 +7,7 @@ import os
 
 from doit.tools import config_changed
 
-from mobilebuild.build import distributed
+from mobilebuild.build import collector, distributed
 from mobilebuild.build.actions import check_verified, clean_output, clean_plots, fail_with, write_release, write_report
 from mobilebuild.build.doit_reporters import Reporter
 from mobilebuild.build.execute import run_node
@@ -38,7 +38,14 @@ REPORT_TARGETS = [f"{graph.ARTIFACTS_DIR}/report.md", f"{graph.ARTIFACTS_DIR}/re
 @functools.lru_cache(maxsize=None)
 def project_graph(root):
     """(nodes, invalid recipes) of the repository, read once per doit process."""
-    return project.load(root)
+    with collector.making_long_lived():
+        return project.load(root)
+
+
+def plan_again():
+    """The next project_graph() reads the recipes as they are then (a process that builds more than once)."""
+    project_graph.cache_clear()
+    collector.release()
 
 
 def project_nodes(root):

@@ -10,6 +10,7 @@ from doit import reporter
 from doit.exceptions import TaskError, UnmetDependency
 from doit.reporter import ConsoleReporter
 
+from mobilebuild.build import collector
 from mobilebuild.build.actions import write_manifests_despite, write_report_despite
 from mobilebuild.build.execute import untrusted_summary
 from mobilebuild.build.repo_lock import hold_build_lock
@@ -21,6 +22,7 @@ class RunHooks:
     once the run is over, with whichever reporter (`-r json`...) the build uses."""
 
     def initialize(self, tasks, selected_tasks):
+        collector.keep_all()  # doit's tasks and their graph, loaded: no collection needs to traverse them again
         hold_build_lock()  # only when tasks are about to run: listing never waits
         untrusted_summary()  # left by a build that was killed: not this one's
         self.failed = {}

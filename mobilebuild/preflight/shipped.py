@@ -116,7 +116,7 @@ def make(task_names, finished, verify_tasks=None):
     `finished(task name, Outcome)` is called as each of them ends, in the order doit ends them. `verify_tasks`:
     {task name: its verify task}, whose up-to-date status before the run each Outcome carries. Returns doit's exit
     status (0: all made)."""
-    tasks.project_graph.cache_clear()  # the recipes as they are now: this process may have checked before
+    tasks.plan_again()  # the recipes as they are now: this process may have checked before
     namespace = dict(inspect.getmembers(tasks))
     # captured, not echoed (verbosity 0): the check prints its own line per target
     reporter = _Reporter(task_names, finished, verify_tasks)

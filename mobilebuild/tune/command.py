@@ -514,7 +514,7 @@ def run_tasks(task_names, finished, slots=None, processes=None):
     from mobilebuild import tasks
     from mobilebuild.build.repo_lock import release_build_lock
 
-    tasks.project_graph.cache_clear()  # the generated recipe as it is now
+    tasks.plan_again()  # the generated recipe as it is now
     namespace = dict(inspect.getmembers(tasks))
     namespace["DOIT_CONFIG"] = {**tasks.DOIT_CONFIG, "reporter": _reporter(task_names, finished), "verbosity": 0}
     args = ["run"]
