@@ -155,6 +155,26 @@ def test_static_int8_on_executorch_and_onnx_keeps_its_node_keys(tmp_path):
     assert "mode" not in nodes["layers:tiny-et-int8"].config
 
 
+def test_the_onnx_exporter_setting_keys_only_the_target_that_chooses_torchscript(tmp_path):
+    """onnx.exporter absent, or `dynamo` (its default) written out: the same nodes and keys, byte for byte, so existing
+    artifacts stay up to date; `torchscript` keys that target's export and what re-exports or records it."""
+    def keys(folder, onnx):
+        targets = [FINAL_INT8[0], {**FINAL_INT8[1], **({"onnx": onnx} if onnx is not None else {})}]
+        nodes = nodes_for(tmp_path / folder, tiny_recipe(targets=targets))
+        return nodes, {name: node.key() for name, node in nodes.items()}
+
+    _, plain = keys("plain", None)
+    _, written = keys("dynamo", {"exporter": "dynamo"})
+    # the manifest records the recipe file's sha256, which any edit of the file changes
+    assert sorted(name for name in plain if plain[name] != written[name]) == ["manifest:tiny"]
+    nodes, traced = keys("traced", {"exporter": "torchscript"})
+    assert sorted(name for name in plain if plain[name] != traced[name]) == [
+        "export:tiny-onnx-int8", "layers:tiny-onnx-int8", "manifest:tiny"]
+    assert nodes["export:tiny-onnx-int8"].config["options"] == {"exporter": "torchscript"}
+    assert stages.recipe_field("export", "options.exporter", nodes["export:tiny-onnx-int8"].fields) == \
+        "targets[1].onnx.exporter"
+
+
 def test_dynamic_int8_on_executorch_and_onnx_reads_no_calibration(tmp_path):
     (tmp_path / "calib").mkdir()
     (tmp_path / "calib" / "a.png").write_bytes(b"x")

@@ -155,6 +155,27 @@ def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path):
         assert all(35 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]  # int8, and fine
 
 
+def test_dynamic_int8_of_an_lstm_exported_by_torchscript_is_compared_per_module(tmp_path):
+    """onnx.exporter: torchscript keeps nn.LSTM whole, and quantize_dynamic makes each layer of it a
+    DynamicQuantizeLSTM: each is cut out of the shipped model from its float sequence and initial states, and named
+    by the module the exporter's node names lead to (both layers of the two-layer LSTM are `lstm`)."""
+    from tiny_models import tiny_lstm
+
+    tokens = [{"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous",
+               "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}]
+    source = stored_fused(tiny_lstm(), tmp_path / "fused.pt", factory="tiny_models:tiny_lstm")
+    options = {"exporter": "torchscript"}
+    export.run({"model": str(tmp_path / "fused.pt")}, stages.ExportConfig(
+        precision="int8", inputs=tokens, options=options, mode="dynamic", **source), tmp_path / "dynamic.onnx")
+    config = stages.LayersConfig(route="onnx", precision="int8", inputs=tokens, samples=4, seed=0, top=10,
+                                 options=options, mode="dynamic", **source)
+    result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "dynamic.onnx")})
+    assert result["method"] == "onnx"
+    assert {(row["name"], row["op"]) for row in result["layers"]} >= {("lstm", "LSTM"), ("head", "Linear")}, \
+        result["layers"]
+    assert all(30 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]
+
+
 def test_a_layer_without_a_real_sqnr_is_said_not_given_a_sentinel_number():
     """Values the float model has -inf (an attention mask) are left out; int8 NaN where float is finite, or an
     all-zero float output, leave the layer without an SQNR, with why."""

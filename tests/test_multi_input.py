@@ -505,6 +505,8 @@ def test_a_dim_the_model_pins_is_named_in_one_line(exporter):
             export.export_float(Recurrent().eval(), [IDS])  # the exporter would keep the example's size silently
     assert "found that the model fixes dim seq: an operation in it pins the size (nn.LSTM" in caught.value.message
     assert caught.value.field == "targets" and "\n" not in caught.value.message
+    # ONNX has a way out for an LSTM: its TorchScript exporter (test_export); ExecuTorch has none
+    assert ("set the target's `onnx: {exporter: torchscript}`" in caught.value.message) == (exporter == "onnx")
 
 
 def test_a_program_a_portable_kernel_refuses_is_refused_when_lowered():

@@ -170,6 +170,27 @@ def tiny_encoder():
     return TinyEncoder().eval()
 
 
+class TinyLSTM(nn.Module):
+    """The zoo's LSTM text classifier, small: token ids [1, seq], an embedding, a two-layer nn.LSTM, a Linear head on
+    the last step. torch.export unrolls the LSTM over the example's steps; the TorchScript ONNX exporter keeps each
+    layer one ONNX LSTM of any length."""
+
+    def __init__(self, vocabulary=100, width=16, hidden=32, layers=2, classes=4):
+        super().__init__()
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.lstm = nn.LSTM(width, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, ids):
+        steps, _ = self.lstm(self.tokens(ids))
+        return self.head(steps[:, -1])
+
+
+def tiny_lstm():
+    torch.manual_seed(0)
+    return TinyLSTM().eval()
+
+
 class TinyHardswish(nn.Module):
     """MobileNetV3's activation as torchvision writes it, nn.Hardswish(inplace=True), after each Conv-BN; global
     pooling and a Linear head. Eager mode has no stubs for it: the quantize stage quantizes it in FX graph mode."""

@@ -329,7 +329,10 @@ def lower(chain):
 
 def export(chain):
     quantization, files = _final_quantization(chain)
-    config = stages.ExportConfig(precision=chain.precision, inputs=chain.recipe.inputs, options=chain.settings,
+    options = chain.settings
+    if options.get("exporter") == "dynamo":  # the default, written out: the same node as a recipe without it
+        del options["exporter"]
+    config = stages.ExportConfig(precision=chain.precision, inputs=chain.recipe.inputs, options=options,
                                  model=chain.source, fuse=chain.recipe.fuse, outputs=chain.recipe.outputs,
                                  **quantization)
     return chain.shipped("export", config, {"model": chain.nodes["fuse"]}, files=files)

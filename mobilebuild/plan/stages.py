@@ -121,7 +121,7 @@ class LowerConfig:
 class ExportConfig:
     precision: str
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    options: dict  # opset
+    options: dict  # targets.onnx: opset, exporter (each only where set: other recipes keep their keys)
     model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
     fuse: object
     calibration: dict | None = None  # int8, static
@@ -169,7 +169,7 @@ class LayersConfig:
     engine: str | None = None  # eager: the quantized engine
     quantization: dict | None = None  # eager: how to rebuild the quantized model (as ScriptConfig's)
     weights: str | None = None  # pt2e: quantize.weights
-    options: dict | None = None  # pt2e: the delegate's options; onnx: opset
+    options: dict | None = None  # pt2e: the delegate's options; onnx: the export's (opset, exporter)
     outputs: list | None = None  # onnx: the output names
     exclude: list | None = when_set()  # pt2e: quantize.exclude
     observer: str | None = when_set()  # pt2e: quantize.observer

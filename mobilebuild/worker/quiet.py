@@ -127,6 +127,21 @@ def native_stderr(dropped=(), kept=None, kept_prefix=(), once=False, python_too=
 
 
 @contextlib.contextmanager
+def native_stdout_dropped():
+    """What native code writes to file descriptor 1 goes, for a block that prints nothing of its own there (Python's
+    sys.stdout is flushed first): torch's ONNX log, which its TorchScript exporter turns on and writes with C++."""
+    sys.stdout.flush()
+    stdout = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+        yield
+    finally:
+        os.dup2(stdout, 1)
+        os.close(stdout)
+
+
+@contextlib.contextmanager
 def warnings_once():
     """Python warnings as torch's C++ ones: each (its category and message) shown the first time only, in the build
     where one is running, else in this block. A quantized cat's UserWarning came from every stage and every

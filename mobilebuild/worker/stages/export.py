@@ -13,12 +13,23 @@ deprecated) silently records the one branch the example input took; it captures 
 and its onnxscript optimizer folds constants. Its output is deterministic once the free-form text it attaches to
 nodes is removed: source stack traces with absolute file paths and FX node dumps (see `reproducible`).
 
+torch.export unrolls nn.LSTM (and GRU, RNN) over its steps, so a dynamic dim that runs through one is pinned at the
+example's size, and refused (check_dims_kept). ONNX Runtime runs an ONNX LSTM of any length: the recipe setting
+`onnx: {exporter: torchscript}` exports with the TorchScript-based exporter instead (export_torchscript), which keeps
+each nn.LSTM one ONNX LSTM node. It traces: control flow on tensor values takes the example input's branch, silently
+(torch's TracerWarnings; the build names the lines of the model's code they come from, in one line), and verify's
+runs at each dim's smallest, example and largest size are what catch a wrong trace. Its deprecation warnings and the
+warnings it gives from inside torch (nn.LSTM's own code) stay out of the build's output.
+
 Inputs take the recipe's names (a lone `input:` is "input"), and its dynamic dims become dynamic axes (torch.export
-Dims, named after the recipe's dims); outputs take the recipe's `outputs` names, else "output" for a lone tensor and
-the path of each tensor in the returned structure ("out", "1", "heads.0") otherwise.
+Dims, or the TorchScript exporter's dynamic_axes, named after the recipe's dims); outputs take the recipe's
+`outputs` names, else "output" for a lone tensor and the path of each tensor in the returned structure ("out", "1",
+"heads.0") otherwise (both exporters flatten the returned structure in the same order).
 
 Options (config.options): "opset": the ai.onnx opset to target, None for the exporter's default (20 with torch
-2.12). Opsets below 18 are refused: this exporter writes 18 and up, and silently keeps 18 when conversion down fails.
+2.12). dynamo: opsets below 18 are refused: this exporter writes 18 and up, and silently keeps 18 when conversion
+down fails. torchscript: opsets above 20 are refused (it writes them with a warning that it does not support them).
+"exporter": "dynamo" (absent: the plan leaves the default out of the key) or "torchscript".
 
 int8: activations uint8, weights int8 (the pairing ONNX Runtime's CPU kernels are fastest with on x86, and fine on
 ARM), MinMax calibration unless quantize.observer names another of ONNX Runtime's calibration methods (percentile,
@@ -37,9 +48,12 @@ as in static mode (nodes_to_exclude). Dynamic axes stay dynamic.
 """
 
 import ast
+import io
+import linecache
 import logging
 import re
 import tempfile
+import traceback
 import warnings
 from pathlib import Path
 
@@ -48,22 +62,39 @@ import torch
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import outputs, progress
-from mobilebuild.worker.quiet import quiet
+from mobilebuild.worker.quiet import native_stdout_dropped, quiet
 from mobilebuild.worker.stages import calibration, exclusion, fuse, lower, modeling
 
 MIN_OPSET = 18  # the exporter's own floor (torch.onnx's TORCHLIB_OPSET)
+TORCHSCRIPT_OPSETS = (7, 20)  # the TorchScript exporter's (torch.onnx._constants), read from torch where it has them
+TORCH = Path(torch.__file__).resolve().parent
+STAGES = Path(__file__).resolve().parents[1]  # mobilebuild/worker: frames of ours (the examples' models are not)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in \w+\n\s+(?P<code>\S[^\n]*)')
 _ATEN_TARGET = re.compile(r"target=torch\.ops\.([\w.]+?)(?:\.default)?\]")
 
 
-def check_opset(opset):
+def check_opset(opset, exporter=None):
     if opset is None:
+        return
+    if exporter == "torchscript":
+        low, high = torchscript_opsets()
+        if not low <= opset <= high:
+            raise MobileBuildError(f"opset {opset} is out of range: the TorchScript exporter (onnx.exporter: "
+                                   f"torchscript) writes opsets {low} to {high}", field="targets.onnx.opset")
         return
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= newest:
         raise MobileBuildError(f"opset {opset} is out of range: torch.onnx.export writes opsets {MIN_OPSET} to "
                                f"{newest}", field="targets.onnx.opset")
+
+
+def torchscript_opsets():
+    try:
+        from torch.onnx import _constants
+        return _constants.ONNX_MIN_OPSET, _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+    except (ImportError, AttributeError):
+        return TORCHSCRIPT_OPSETS
 
 
 def output_names(model, examples, names=None):
@@ -78,12 +109,17 @@ def output_names(model, examples, names=None):
     return list(names)
 
 
-def export_float(model, specs, opset=None, names=None):
-    """The float model as an ONNX ModelProto, weights inside, the inputs' dynamic dims as dynamic axes."""
-    check_opset(opset)
+def export_float(model, specs, opset=None, names=None, exporter=None, notes=True):
+    """The float model as an ONNX ModelProto, weights inside, the inputs' dynamic dims as dynamic axes, made by
+    torch.onnx's dynamo exporter or (`exporter` "torchscript") its TorchScript one; `notes`: print what the
+    TorchScript exporter's trace recorded for the example only (the shipped export does, its per-layer
+    comparison's export again does not)."""
+    check_opset(opset, exporter)
     examples = tuple(x.contiguous() for x in modeling.example_inputs(specs))  # ONNX tensors have no memory format
     model = model.eval()
     produced = output_names(model, examples, names)
+    if exporter == "torchscript":
+        return export_torchscript(model, examples, specs, opset, produced, notes)
     shapes = lower.dynamic_shapes(specs)
     # On failure torch.export prints the partial graphs it captured and logs warnings about symbolic shapes; the
     # one-line error made of the exception says what matters.
@@ -105,11 +141,133 @@ def export_float(model, specs, opset=None, names=None):
 
 def check_dims_kept(proto, specs):
     """Where the model pins a dynamic dim (an LSTM's unrolled steps), the exporter writes the example's size without
-    a word, and ONNX Runtime would refuse any other; say so here, in one line."""
+    a word, and ONNX Runtime would refuse any other; say so here, in one line, naming the setting that keeps an
+    LSTM's dim dynamic."""
     pinned = sorted({dim["dim"] for spec, value in zip(specs, proto.graph.input) for dim in spec.get("dynamic", ())
                      if value.type.tensor_type.shape.dim[dim["axis"]].HasField("dim_value")})
     if pinned:
-        raise MobileBuildError(lower.pinned_message(", ".join(pinned), "torch.onnx.export"), field="targets")
+        raise MobileBuildError(lower.pinned_message(", ".join(pinned), "torch.onnx.export", TORCHSCRIPT_ADVICE),
+                               field="targets")
+
+
+TORCHSCRIPT_ADVICE = ("or, for nn.LSTM/GRU, set the target's `onnx: {exporter: torchscript}`: the TorchScript exporter "
+                      "keeps each one ONNX LSTM/GRU of any length (it traces the model; verify checks the dim's "
+                      "smallest and largest sizes)")
+
+
+def export_torchscript(model, examples, specs, opset, produced, notes=True):
+    """The float model through the TorchScript-based exporter (torch.onnx.export(dynamo=False)): the recipe's dims as
+    dynamic_axes, the same input and output names as the dynamo path, constant folding on. Of its warnings the
+    build shows one line, the trace's about the model's code (traced_line); torch's go (its deprecation, nn.LSTM's
+    trace of itself, the batch size of an LSTM's export), and the model's own were shown when output_names ran it."""
+    axes = {spec["name"]: {dim["axis"]: dim["dim"] for dim in spec["dynamic"]} for spec in specs
+            if spec.get("dynamic")}
+    buffer = io.BytesIO()
+    # it writes the TorchScript graph of a failed export to the native stdout (torch turns its ONNX log on for every
+    # export, and leaves it on), and warns: deprecated, the trace, LSTM's batch size
+    with torch.no_grad(), native_stdout_dropped(), quiet(logs=logging.WARNING, warnings=False), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch.onnx.export(model, examples, buffer, dynamo=False, verbose=False, do_constant_folding=True,
+                              input_names=[spec["name"] for spec in specs], output_names=produced,
+                              **({"opset_version": opset} if opset is not None else {}),
+                              **({"dynamic_axes": axes} if axes else {}))
+        except Exception as exc:  # the tracer and the symbolic functions raise many types
+            raise torchscript_error(exc) from None
+    proto = record_scopes(onnx.load_from_string(buffer.getvalue()), model)
+    line = traced_line(caught) if notes else None
+    if line:
+        print(f"   {line}")
+    check_dims_kept(proto, specs)
+    return proto
+
+
+def record_scopes(proto, model):
+    """Give each node the module paths around it, and their classes, as the dynamo exporter's metadata has them
+    (exclusion.ONNX_SCOPES, CLASSES), so that quantize.exclude, the kept-float line and the per-layer comparison
+    find a node's module as they do there; `reproducible` removes them from the shipped file.
+
+    The TorchScript exporter names a node after its scopes: "/layer2/layer2.0/downsample/downsample.0/Conv", a
+    module by its attribute name, a container's child by the container's name and its index, a module called again
+    with "_1" added. Where a name does not lead to the model's modules, the node keeps the scopes that did."""
+    modules = dict(model.named_modules())
+    for node in proto.graph.node:
+        if not node.name.startswith("/"):
+            continue
+        paths, full, previous = [], "", None
+        for segment in node.name.split("/")[1:-1]:
+            candidate = (full + segment[len(previous):] if previous and segment.startswith(previous + ".")
+                         else f"{full}.{segment}" if full else segment)
+            if candidate not in modules:
+                candidate = re.sub(r"_\d+$", "", candidate)
+            if candidate not in modules:
+                break
+            paths.append(candidate)
+            full, previous = candidate, segment
+        del node.metadata_props[:]
+        node.metadata_props.add(key=exclusion.ONNX_SCOPES, value=repr(["", *paths, node.name]))
+        node.metadata_props.add(key=CLASSES, value=repr([_class_name(model), *(_class_name(modules[path])
+                                                                               for path in paths), node.op_type]))
+    return proto
+
+
+def _class_name(module):
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+CLASSES = "pkg.torch.onnx.class_hierarchy"  # the dynamo exporter's: the classes of the modules around a node
+
+
+def _outside(filename, *folders):
+    try:
+        path = Path(filename).resolve()
+    except (OSError, ValueError):
+        return False
+    return not any(path.is_relative_to(folder) for folder in folders)
+
+
+def traced_line(caught):
+    """One line naming the places in the model's code (not torch's: nn.LSTM's own checks warn too) where the trace
+    turned a tensor into a Python value, recording the example input's branch or size only; None where there are
+    none."""
+    places = {}
+    for warning in caught:
+        if issubclass(warning.category, torch.jit.TracerWarning) and _outside(warning.filename, TORCH):
+            code = linecache.getline(warning.filename, warning.lineno).strip()
+            place = f"{Path(warning.filename).name}:{warning.lineno}" + (f" `{code}`" if code else "")
+            places.setdefault(place, None)
+    if not places:
+        return None
+    return (f"traced (onnx.exporter: torchscript): the model's code turns a tensor into a Python value at "
+            f"{', '.join(places)}; the export recorded the example input's outcome only (verify checks each dim's "
+            "smallest, example and largest size)")
+
+
+def torchscript_error(exc):
+    """One line from the TorchScript exporter's error: the operation it has no translation for, or the error and
+    where in the model's code it was raised."""
+    from torch.onnx.errors import UnsupportedOperatorError
+
+    detail = f"{type(exc).__name__}: {modeling.first_line(exc)}"
+    if isinstance(exc, UnsupportedOperatorError):
+        operator = re.search(r"operator '([^']+)'", str(exc))
+        what = f" for {operator[1]}" if operator else ""
+        return MobileBuildError(
+            f"no ONNX translation{what} in the TorchScript exporter ({detail}); "
+            "replace that operation in the model, try another opset, or choose a target whose runtime has it "
+            "(executorch, pytorch-mobile)", field="targets")
+    where = ""
+    for cause in reversed(list(_causes(exc))):  # the innermost error that passed through the model's code
+        frames = [frame for frame in traceback.extract_tb(cause.__traceback__)
+                  if _outside(frame.filename, TORCH, STAGES)]
+        if frames:
+            frame = frames[-1]
+            where = f" at {Path(frame.filename).name}:{frame.lineno}" + (f" `{frame.line.strip()}`" if frame.line
+                                                                         else "")
+            break
+    return MobileBuildError(f"torch.onnx.export (onnx.exporter: torchscript) failed ({detail}){where}",
+                            field="targets")
 
 
 def opset_of(proto):
@@ -356,17 +514,43 @@ def quantize_dynamic_int8(proto, weights=None, exclude=()):
         return onnx.load(quantized)
 
 
+RECURRENT = ("LSTM", "GRU", "RNN")  # ONNX's recurrent ops, which the TorchScript exporter writes for nn.LSTM...
+
+
+def float_recurrent_line(proto, mode, excluded=()):
+    """One line naming the recurrent nodes an int8 model still runs in float (ONNX Runtime's quantize_static has no
+    int8 form of any; quantize_dynamic quantizes LSTM only, as DynamicQuantizeLSTM), those the recipe keeps float
+    left out; None where there are none."""
+    found = {}
+    for node in proto.graph.node:
+        if node.op_type in RECURRENT and node.name not in excluded:
+            found.setdefault(node.op_type, []).append(node.name)
+    if not found:
+        return None
+    nodes = ", ".join(f"{len(names)} ONNX {op} node(s) ({', '.join(names)})" for op, names in found.items())
+    tool = "quantize_dynamic" if mode == "dynamic" else "quantize_static"
+    advice = ("; quantize.mode: dynamic quantizes LSTM (DynamicQuantizeLSTM, int8 weights)"
+              if "LSTM" in found and mode != "dynamic" else "")
+    return f"kept float: {nodes}: {tool} has no int8 form of them (the rest of the model is int8){advice}"
+
+
 def run(inputs, config, output):
     model = fuse.load(inputs["model"], config)
     exclude = exclusion.resolve(model, config.exclude) if config.precision == "int8" else ()
-    progress.note("torch.onnx.export")
-    proto = export_float(model, config.inputs, (config.options or {}).get("opset"), config.outputs)
+    options = config.options or {}
+    exporter = options.get("exporter")
+    progress.note("torch.onnx.export" + (" (TorchScript exporter)" if exporter == "torchscript" else ""))
+    proto = export_float(model, config.inputs, options.get("opset"), config.outputs, exporter)
+    excluded = exclusion.onnx_nodes(proto, exclude) if exclude else []
     if config.precision == "int8" and config.mode == "dynamic":
         progress.note("quantizing with ONNX Runtime's quantize_dynamic")
         proto = quantize_dynamic_int8(proto, config.weights, exclude)
     elif config.precision == "int8":
         progress.note("quantizing with ONNX Runtime's quantize_static")
         proto = quantize_int8(proto, config.calibration, config.inputs, config.weights, exclude, config.observer)
+    line = float_recurrent_line(proto, config.mode, excluded) if config.precision == "int8" else None
+    if line:
+        print(f"   {line}")
     data = reproducible(proto).SerializeToString()
     with open(output, "wb") as handle:
         handle.write(data)

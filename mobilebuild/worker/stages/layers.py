@@ -522,8 +522,9 @@ def onnx_layers(inputs, config, chunks):
     from mobilebuild.worker.stages import export
 
     progress.note("exporting the float model again")
-    proto = export.export_float(fuse.load(inputs["model"], config), config.inputs,
-                                (config.options or {}).get("opset"), config.outputs)
+    exporting = config.options or {}
+    proto = export.export_float(fuse.load(inputs["model"], config), config.inputs, exporting.get("opset"),
+                                config.outputs, exporting.get("exporter"), notes=False)
     qdq = onnx.load(inputs["artifact"])
     names = [spec["name"] for spec in config.inputs]
     options = onnxruntime.SessionOptions()
@@ -704,14 +705,15 @@ def _quantized_nodes(qdq):
 
 
 INTEGER_OPS = ("MatMulInteger", "ConvInteger")  # quantize_dynamic's, fed by DynamicQuantizeLinear
+RECURRENT_INTEGER_OPS = ("DynamicQuantizeLSTM",)  # quantize_dynamic's LSTM (the TorchScript exporter's), fed float
 
 
 def _integer_units(quantized, float_proto):
     """(the float model's node it replaces, its float inputs to feed, the output to read, that output's name in the
     float model) for each unit of a dynamically quantized model: an integer op (INTEGER_OPS) from the float tensors
-    its DynamicQuantizeLinear nodes quantize, or a Gather of an int8 table (an embedding) from its indices, each to
-    the first tensor after it that the float model has too (quantize_dynamic gives the rescaled result the original
-    output's name)."""
+    its DynamicQuantizeLinear nodes quantize, a Gather of an int8 table (an embedding) from its indices, or a
+    DynamicQuantizeLSTM from its float sequence and initial states, each to the first tensor after it that the
+    float model has too (quantize_dynamic gives the rescaled result the original output's name)."""
     from types import SimpleNamespace
 
     producer = {output: node for node in quantized.graph.node for output in node.output}
@@ -729,6 +731,8 @@ def _integer_units(quantized, float_proto):
         elif node.op_type == "Gather" and node.input and node.input[0] in initializers \
                 and initializers[node.input[0]].data_type in (onnx_int8(), onnx_uint8()):
             feeds = [name for name in node.input[1:] if name not in initializers]
+        elif node.op_type in RECURRENT_INTEGER_OPS:  # its float sequence and initial states, weights int8 inside
+            feeds = [name for name in node.input if name and name not in initializers]
         else:
             continue
         output, seen = node.output[0], 0

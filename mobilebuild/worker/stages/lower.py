@@ -236,10 +236,12 @@ def pinned_dims(exc):
     return found[1] if found else None
 
 
-def pinned_message(dims, exporter):
+def pinned_message(dims, exporter, alternative=None):
+    """One line; `alternative`: a way out of the route's own, after the two every route has ("or, ...")."""
+    ways = ("keep that size fixed (remove it from dims), make the model take any size, " + alternative if alternative
+            else "keep that size fixed (remove it from dims), or make the model take any size")
     return (f"{exporter} found that the model fixes dim {dims}: an operation in it pins the size (nn.LSTM unrolls "
-            "its steps; a view or reshape to a fixed size): keep that size fixed (remove it from dims), or make the "
-            "model take any size")
+            f"its steps; a view or reshape to a fixed size): {ways}")
 
 
 def failure_message(stage_type, delegate, exc):
