@@ -65,12 +65,13 @@ def median(values):
     return statistics.median(values)
 
 
-def table(header, rows):
-    """Print rows of cells as aligned columns; the first column is left-aligned, the others right-aligned."""
+def table(header, rows, left=1):
+    """Print rows of cells as aligned columns; the first `left` columns are left-aligned, the others right-aligned."""
     rows = [header, *rows]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     for row in rows:
-        cells = [str(cell).ljust(w) if i == 0 else str(cell).rjust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        cells = [str(cell).ljust(w) if i < left else str(cell).rjust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths))]
         print("  ".join(cells).rstrip())
 
 
