@@ -18,7 +18,8 @@ from mobilebuild.plan import graph, recipe, routes
 from mobilebuild.preflight import command, shipped
 from mobilebuild.preflight.targets import TargetCheck
 
-# Factories for the recipes below; a module name of its own, as recipe factories are imported by name.
+# Factories (and evaluation data) for the recipes below; a module name of its own, as recipe factories are imported by
+# name.
 MODELS = textwrap.dedent('''
     import torch
     from torch import nn
@@ -139,6 +140,16 @@ MODELS = textwrap.dedent('''
 
     def plain_add():
         return PlainAdd()
+
+
+    def raising_data():
+        """verify.evaluation: a loader that fails."""
+        raise KeyError("no split 'test' in the dataset")
+
+
+    def short_labels():
+        """verify.evaluation: 16 inputs, 10 labels (the last batch of labels dropped)."""
+        return torch.randn(16, 3, 12, 12), torch.randint(0, 5, (10,))
 ''')
 
 NHWC = {"shape": [1, 3, 12, 12], "memory_format": "channels_last"}
@@ -313,6 +324,63 @@ def test_a_model_that_scripts_badly_is_blocked_as_the_build_fails(root):
     assert status != 0 and f"ERROR: {fails['where']}: {fails['detail']}" in errors.splitlines()
     assert (root / "artifacts/pythonic/pythonic-onnx.onnx").is_file()
     assert not (root / "artifacts/pythonic/pythonic-xnnpack.ptl").exists()
+
+
+def blocked_on_verify(report, target, task, detail):
+    """The target's one blocking finding: the build's verify task `task` fails with `detail`."""
+    (fails,) = [item for item in by_target(report, target)["findings"] if item["kind"] in ("build-fails", "cannot-run")]
+    assert (fails["kind"], fails["where"], fails["detail"]) == ("build-fails", task, detail)
+    return f"ERROR: {task}: {detail}"
+
+
+@pytest.mark.slow
+def test_output_names_the_model_does_not_have_block_as_verify_fails_on_them(root):
+    """verify names the output tensors with the recipe's `outputs`, after the artifact is made: the check runs that
+    check of verify's on the eager model. A device's artifact verify does not run: nothing to name, not blocked."""
+    path = write_recipe(root, "two_names", "clean", [{"backend": "xnnpack"}, {"backend": "nnapi"}], NCHW,
+                        outputs=["scores", "embedding"])
+    report = preflight.run(path, root)
+    error = blocked_on_verify(report, "xnnpack", "verify:two_names-xnnpack",
+                              "recipes/two_names.yaml: outputs: 2 output names for 1 output tensor(s) (output)")
+    assert by_target(report, "xnnpack")["made"] == "built"
+    assert of_kind(by_target(report, "nnapi"), "build-fails") == [] and report["exit_code"] == 1
+
+    status, errors, _ = build(root, "verify:two_names-xnnpack", "verify:two_names-nnapi")
+    assert status != 0 and error in errors.splitlines()
+    assert "ERROR: verify:two_names-nnapi" not in errors
+    assert json.loads((root / "artifacts/two_names/verify-nnapi.json").read_text())["status"] == "not run on host"
+
+
+@pytest.mark.slow
+def test_an_evaluation_function_that_raises_blocks_every_target_as_verify_fails_on_it(root):
+    targets = [{"backend": "xnnpack"}, {"backend": "qnnpack"}]
+    path = write_recipe(root, "raising", "clean", targets, NCHW,
+                        verify={"evaluation": {"function": "preflight_models:raising_data"}})
+    report = preflight.run(path, root)
+    errors_expected = [blocked_on_verify(report, target, f"verify:raising-{target}",
+                                         "recipes/raising.yaml: verify.evaluation.function: "
+                                         "preflight_models:raising_data raised KeyError: \"no split 'test' in the "
+                                         "dataset\"")
+                       for target in ("xnnpack", "qnnpack")]
+    assert report["exit_code"] == 1
+
+    status, errors, _ = build(root, "verify:raising-xnnpack", "verify:raising-qnnpack")
+    assert status != 0 and set(errors_expected) <= set(errors.splitlines())
+
+
+@pytest.mark.slow
+def test_labels_that_are_not_one_per_input_block_as_verify_fails_on_them(root, monkeypatch, capsys):
+    path = write_recipe(root, "short_labels", "clean", [{"backend": "xnnpack"}], NCHW,
+                        verify={"evaluation": {"function": "preflight_models:short_labels"}})
+    monkeypatch.chdir(root)
+    assert preflight.check_command([str(path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    error = blocked_on_verify(report, "xnnpack", "verify:short_labels-xnnpack",
+                              "recipes/short_labels.yaml: verify.evaluation.function: expected one label per input "
+                              "(16), got a Tensor of shape [10]")
+
+    status, errors, _ = build(root, "verify:short_labels-xnnpack")
+    assert status != 0 and error in errors.splitlines()
 
 
 @pytest.mark.slow

@@ -15,7 +15,9 @@ import yaml
 from conftest import Project
 
 from mobilebuild import preflight, store
-from mobilebuild.preflight import recorded, structure
+from mobilebuild.plan import graph, recipe
+from mobilebuild.preflight import recorded, structure, verification
+from mobilebuild.worker.stages import verify
 
 MODEL = textwrap.dedent('''
     import torch
@@ -103,6 +105,42 @@ def test_a_record_that_cannot_be_read_is_computed_again(tmp_path, no_build):
     (project.root / recorded.CHECK_DIR / "reuse.json").write_text("{not json")
     assert not preflight.run(path, project.root)["model"]["cached"]
     assert preflight.run(path, project.root)["model"]["cached"]
+
+
+DATA = "import torch\n\n\ndef data():\n    return torch.randn(4, 3, 8, 8)\n"
+
+
+def test_the_recipe_s_verify_checks_run_once_per_recipe_and_are_recalled_until_what_they_read_changes(
+        tmp_path, monkeypatch):
+    """verify's evaluation data and output names, for every target verify runs: once, whatever the targets (their
+    verify settings differ in what these checks do not read), then from the record."""
+    project = Project(tmp_path)
+    (project.root / "reuse_data.py").write_text(DATA)
+    settings = {"samples": 2, "evaluation": {"function": "reuse_data:data"}}
+    path = write(project.root, verify=settings)
+    calls = []
+    evaluation_data = verify.evaluation_data
+    monkeypatch.setattr(verify, "evaluation_data", lambda config: calls.append(1) or evaluation_data(config))
+
+    def problems():
+        loaded = recipe.load(path, project.root)
+        checks = verification.RecipeVerification(project.root, ["output"], recorded.Memory(project.root, loaded.name))
+        return {node.task_name: checks.problem(node) for node in graph.recipe_nodes(loaded, project.root)
+                if node.stage == "verify"}
+
+    assert set(problems().values()) == {None} and len(calls) == 1  # four targets, fp32 and int8
+    assert set(problems().values()) == {None} and len(calls) == 1  # recalled
+
+    write(project.root, verify=settings, outputs=["scores", "embedding"])
+    found = problems()
+    assert len(calls) == 2 and found["verify:reuse-onnx"] == verification.Problem(
+        "verify:reuse-onnx", "recipes/reuse.yaml: outputs: 2 output names for 1 output tensor(s) (output)", True)
+    (project.root / "reuse_data.py").write_text(DATA.replace("(4,", "(4, 3, 8, 8), torch.zeros(3) #"))
+    monkeypatch.delitem(sys.modules, "reuse_data")  # as a check of its own process imports it
+    found = problems()  # the data first, as verify takes it
+    assert len(calls) == 3 and found["verify:reuse-xnnpack"] == verification.Problem(
+        "verify:reuse-xnnpack", "recipes/reuse.yaml: verify.evaluation.function: expected one label per input (4), "
+        "got a Tensor of shape [3]", False)
 
 
 # --- after a real build (slow) ----------------------------------------------------------------------------------

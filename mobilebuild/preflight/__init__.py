@@ -5,6 +5,9 @@ doit state and shared artifact cache as `mobilebuild build`, up to the artifact 
 conversion, ExecuTorch lowering, ONNX export and the quantization before them), never verify, bench, the manifest or
 the report. A check after a build finds everything up to date; a build after a check finds the artifacts made. A
 target whose chain fails is blocked with the build's own one-line error ("build-fails", naming the task that failed).
+What verify checks of the recipe itself (its evaluation data, its `outputs` names against the model's output tensors)
+runs once per recipe with verify's own functions (verification.py): where they fail, every made target verify runs
+on this host is blocked on its verify task, with the line the build fails it with.
 
 Then each made artifact that runs on this host is loaded in its runtime and run once on the example inputs, as
 verify loads it (PyTorch Mobile's lite interpreter, ExecuTorch's runtime, ONNX Runtime): one that cannot load or run

@@ -1,8 +1,8 @@
 """What a check can take from what was recorded before, instead of computing it again: the build's verify result for
 an artifact (what ExecuTorch delegated, and that verify ran those very bytes on this host), and what an earlier check
-found in the model's structure or in a quantized model, kept in `.mobilebuild/check/<recipe>.json` under a key of
-everything it depends on. No torch here: a check right after a build imports neither torch's heavy parts nor
-ExecuTorch's exir nor torchvision.
+found in the model's structure, in the recipe's verify settings or in a quantized model, kept in
+`.mobilebuild/check/<recipe>.json` under a key of everything it depends on. No torch here: a check right after a
+build imports neither torch's heavy parts nor ExecuTorch's exir nor torchvision.
 """
 
 import hashlib
@@ -32,7 +32,8 @@ def _preflight_code_digest():
 
 
 class Memory:
-    """`.mobilebuild/check/<recipe>.json`: {"structure": {"key", "facts"}, "quantized": {path: {"sha256", "note"}}}.
+    """`.mobilebuild/check/<recipe>.json`: {"structure": {"key", "facts"}, "verification": {key: {"problem"}},
+    "quantized": {path: {"sha256", "note"}}}.
     Unreadable or missing, it is empty; unwritable (a read-only checkout), the check only computes every time."""
 
     def __init__(self, root, recipe_name):
@@ -68,6 +69,28 @@ def cached_structure(memory, key):
 
 def remember_structure(memory, key, facts):
     memory.entries["structure"] = {"key": key, "facts": facts}
+    memory.save()
+
+
+def verification_key(reads, files, output_names):
+    """Everything the recipe's verify checks (preflight.verification) read: the verify settings they take (`reads`),
+    the sha256 of each file the verify task reads (`files`: the factory's and the evaluation function's sources, a
+    holdout's calibration files), the model's output tensors (`output_names`), the package versions and the code of
+    the stages and of the check."""
+    return _digest({"reads": reads, "files": files, "output_names": output_names, "versions": toolchain.versions(),
+                    "preflight": _preflight_code_digest()})
+
+
+def cached_verification(memory, key):
+    """(whether an earlier check ran the recipe's verify checks under `key`, the problem it found or None)."""
+    entry = memory.entries.get("verification")
+    found = entry.get(key) if isinstance(entry, dict) else None
+    return (True, found.get("problem")) if isinstance(found, dict) else (False, None)
+
+
+def remember_verification(memory, problems):
+    """`problems`: {key: the problem found, or None}, those this check used (earlier keys are dropped)."""
+    memory.entries["verification"] = {key: {"problem": problem} for key, problem in problems.items()}
     memory.save()
 
 

@@ -39,7 +39,7 @@ def _crashed(fail):
     return type(fail) is TaskError
 
 
-def _first_line(text):
+def first_line(text):
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "failed")
 
 
@@ -93,8 +93,8 @@ class _Reporter(RunHooks, ZeroReporter):
         if fail is None:
             return name, "ignored (doit ignore): the build skips it too"
         if _crashed(fail):
-            return name, f"crashed (a bug in mobilebuild): {_first_line(fail.message)}"
-        return name, _first_line(fail.message)
+            return name, f"crashed (a bug in mobilebuild): {first_line(fail.message)}"
+        return name, first_line(fail.message)
 
     def runtime_error(self, msg):
         print(msg, file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mobilebuild.preflight.advice import ALL_TARGETS, finding
+from mobilebuild.worker import outputs
 from mobilebuild.worker.stages import checkpoint, fuse, modeling, nnapi
 
 CHANNEL_MULTIPLE = 8
@@ -202,11 +203,12 @@ def describe_output(value):
 
 def analyse(recipe_, root):
     """What the model's structure says whatever the target, as JSON: {"activations": [[layer, "conv" | "linear",
-    activation]], "converts_to_nhwc": bool, "outputs": describe_output's structure, "own_stubs": whether it has a
-    QuantStub of its own, "findings": [...], "notes": [...]}. The recipe's model is built with random weights and
-    fused as the fuse stage fuses it; a model that cannot be built raises MobileBuildError."""
+    activation]], "converts_to_nhwc": bool, "outputs": describe_output's structure, "output_names": the paths of its
+    output tensors as verify names them (worker.outputs.leaves), "own_stubs": whether it has a QuantStub of its own,
+    "findings": [...], "notes": [...]}. The recipe's model is built with random weights and fused as the fuse stage
+    fuses it; a model that cannot be built raises MobileBuildError."""
     inputs = recipe_.inputs
-    with _importable(root):
+    with importable(root):
         model = modeling.build_model(recipe_.model, recipe_.model["seed"])
         returned = []
         hook = model.register_forward_hook(lambda _module, _args, output: returned.append(output))
@@ -220,12 +222,14 @@ def analyse(recipe_, root):
         fused, _ = fuse.fuse(model, recipe_.fuse)
     batch_norms, notes = unfolded_batch_norms(fused, inputs)
     return {"activations": [list(pair) for pair in activations], "converts_to_nhwc": bool(converts_to_nhwc),
-            "outputs": describe_output(returned[0]) if returned else None, "own_stubs": own_stubs,
+            "outputs": describe_output(returned[0]) if returned else None,
+            "output_names": [name for name, _ in outputs.leaves(returned[0])] if returned else None,
+            "own_stubs": own_stubs,
             "findings": findings + batch_norms, "notes": notes}
 
 
 @contextlib.contextmanager
-def _importable(root):
+def importable(root):
     """Recipe factories name modules of the repository (as the stage worker, worker/serve.py, puts it on the path)."""
     entry = str(Path(root).resolve())
     added = entry not in sys.path

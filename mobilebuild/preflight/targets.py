@@ -3,7 +3,9 @@ say for that target. The route names the check it gets (`Route.preflight`, a met
 of its own stage module taking the TargetCheck); every target whose artifact was made and runs on this host is then
 loaded and run once in its runtime, as verify would, unless the build's verify already ran those very bytes here (its
 result is up to date): then its recorded outcome stands, as do the delegation facts it read from an ExecuTorch
-program. torch, ExecuTorch and the stages are imported only where something is left to compute."""
+program. Where verify would then fail the target on the recipe itself (its evaluation data, its output names:
+verification.py), the target is blocked on its verify task, as the build fails it. torch, ExecuTorch and the stages
+are imported only where something is left to compute."""
 
 import importlib
 import os
@@ -26,12 +28,14 @@ from mobilebuild.worker import measure_alone, pte, runtimes
 class TargetCheck:
     """Findings, notes (what was not checked, and why) and facts (how the artifact was made, the delegation summary)
     for one target. `artifact`: the node that writes its shipped artifact; `nodes`: the project's nodes by task
-    name; `memory`: what earlier checks of the recipe found (preflight.recorded.Memory), or None."""
+    name; `memory`: what earlier checks of the recipe found (preflight.recorded.Memory), or None; `verification`:
+    the recipe's verify checks (preflight.verification.RecipeVerification), or None."""
 
-    def __init__(self, target, route, model, artifact, nodes, memory=None):
+    def __init__(self, target, route, model, artifact, nodes, memory=None, verification=None):
         self.target, self.route, self.model, self.artifact = target, route, model, artifact
         self.nodes = nodes
         self.memory = memory
+        self.verification = verification
         self.by_output = {node.output: node for node in nodes.values()}
         self.findings, self.notes, self.facts = [], [], {}
         self.built = False
@@ -59,7 +63,13 @@ class TargetCheck:
                 check = getattr(check, part)
             check(self)
         if self.built:
+            problem = self.verify_problem()
+            if problem and not problem.after_run:
+                self.add("build-fails", problem.line, problem.task)
             self.host_run()
+            # verify names the outputs once it has run the artifact: one that cannot run fails it first
+            if problem and problem.after_run and not any(item["kind"] == "cannot-run" for item in self.findings):
+                self.add("build-fails", problem.line, problem.task)
         fixed = graph.fixed_shape(self.model.recipe, self.route, self.route.precision(self.target),
                                   self.target.quantize.get("mode", "static"))
         self.findings += interface_findings(self.target, self.route, self.model.recipe,
@@ -80,6 +90,15 @@ class TargetCheck:
                                                outcome.verify_current and outcome.made == "up to date")
         if self.verified is None:
             self.verify_current = False
+
+    def verify_problem(self):
+        """Where the build's verify task for the artifact fails on the recipe itself (preflight.verification.Problem),
+        or None: not for an artifact verify does not run here (it checks nothing then), nor where that verify task is
+        up to date for these very bytes (it passed those checks with these settings)."""
+        verify = self.nodes.get(f"verify:{self.artifact.name}")
+        if verify is None or self.verification is None or not verify.settings.runs_on_host or self.verify_current:
+            return None
+        return self.verification.problem(verify)
 
     def host_run(self):
         """The artifact loaded in its runtime and run once on the example inputs, as verify loads it: a program this

@@ -1,6 +1,6 @@
 """Checking a whole recipe: its model's structure (structure.py, or what an earlier check found for the same model:
-recorded.py), each target's shipped artifact made by the build's own tasks (shipped.py), then what the artifact and
-the model say for each target (targets.py)."""
+recorded.py), each target's shipped artifact made by the build's own tasks (shipped.py), then what the artifact, the
+model and the recipe's verify settings (verification.py) say for each target (targets.py)."""
 
 import contextlib
 import time
@@ -13,6 +13,7 @@ from mobilebuild.preflight.advice import BLOCKING
 from mobilebuild.preflight.recorded import Memory, cached_structure, remember_structure, structure_key
 from mobilebuild.preflight.shipped import Outcome, make
 from mobilebuild.preflight.targets import TargetCheck
+from mobilebuild.preflight.verification import RecipeVerification
 from mobilebuild.worker.quiet import quiet
 
 VERSIONS = ("torch", "executorch", "onnxruntime")  # what the report's header names
@@ -60,9 +61,9 @@ def _artifacts(loaded, chosen, root):
 @dataclass
 class Model:
     """The recipe's model as the checks of its targets see it: the recipe, and what its structure says (structure.py's
-    facts: activations after each layer, whether it converts its own input to NHWC, the structure of its outputs,
-    whether it has QuantStubs of its own, findings, notes). `cached`: the facts are an earlier check's, for the same
-    model, inputs, fusion, code and versions."""
+    facts: activations after each layer, whether it converts its own input to NHWC, the structure of its outputs and
+    their tensors' names, whether it has QuantStubs of its own, findings, notes). `cached`: the facts are an earlier
+    check's, for the same model, inputs, fusion, code and versions."""
 
     recipe: object
     activations: list
@@ -72,6 +73,7 @@ class Model:
     outputs_structure: object = None
     own_stubs: bool = False
     cached: bool = False
+    output_names: list | None = None
 
     @property
     def inputs(self):
@@ -102,7 +104,7 @@ def model_facts(loaded, root, memory):
 
 def _model(loaded, facts, cached=False):
     return Model(loaded, facts["activations"], facts["converts_to_nhwc"], facts["findings"], facts["notes"],
-                 facts.get("outputs"), facts.get("own_stubs", False), cached)
+                 facts.get("outputs"), facts.get("own_stubs", False), cached, facts.get("output_names"))
 
 
 def _quiet():
@@ -132,11 +134,12 @@ def run(recipe_path, root, targets=None, on_model=None, on_target=None):
             on_model(report)
 
         by_task = {artifacts[target.id].task_name: (target, route) for target, route in chosen}
+        verification = RecipeVerification(root, model.output_names, memory)
         results, last = {}, [time.perf_counter()]
 
         def finished(task_name, outcome):
             target, route = by_task[task_name]
-            check = TargetCheck(target, route, model, artifacts[target.id], nodes, memory)
+            check = TargetCheck(target, route, model, artifacts[target.id], nodes, memory, verification)
             with _quiet():
                 check.run(outcome)
             results[target.id] = {"target": target.id, "backend": route.backend, "runtime": route.runtime,

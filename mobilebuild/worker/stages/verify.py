@@ -70,12 +70,17 @@ def run_in_batches(model, inputs, batch, names=None):
     usable = len(inputs[0]) - len(inputs[0]) % batch
     with torch.no_grad():
         chunks = [outputs.leaves(model(*chunk)) for chunk in zip(*(x[:usable].split(batch) for x in inputs))]
-    found = [name for name, _ in chunks[0]]
+    return [(name, torch.cat([chunk[index][1] for chunk in chunks]))
+            for index, name in enumerate(output_names(names, [name for name, _ in chunks[0]]))], usable
+
+
+def output_names(names, found):
+    """The names of a model's output tensors, whose paths are `found` (outputs.leaves): the recipe's `names`, one
+    per tensor, or the paths when it names none."""
     if names is not None and len(names) != len(found):
         raise MobileBuildError(f"{len(names)} output names for {len(found)} output tensor(s) ({', '.join(found)})",
                                field="outputs")
-    return [(name, torch.cat([chunk[index][1] for chunk in chunks]))
-            for index, name in enumerate(names or found)], usable
+    return names or found
 
 
 def verify(artifact, references, config, inputs, labels):
