@@ -1,9 +1,11 @@
 """The zoo's own model factories: architectures users ship that torchvision has no builder for (or none small
 enough to build in seconds). benchmarks/zoo.py copies this file into its scratch project, where recipes name the
-factories as `zoo_models:<function>`. Random weights: the build seeds them and re-estimates batch-norm statistics."""
+factories as `zoo_models:<function>`, and the image classifiers' training as `zoo_models:train_on_digits`.
+Weights are seeded random ones, briefly trained on digits for the image classifiers (see train_on_digits)."""
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torchvision.models import VisionTransformer, mobilenet_v3_small
 
 
@@ -126,3 +128,83 @@ class ClassifyAndLocate(nn.Module):
 
 def classify_and_locate(**kwargs):
     return ClassifyAndLocate(**kwargs)
+
+
+def ink_boxes(images):
+    """The box around each digit's ink, (x0, y0, x1, y1) as fractions of the image's width and height: images
+    N x 1 x H x W in [0, 1] -> N x 4."""
+    ink = images[:, 0] > 0
+    columns, rows = ink.any(dim=1), ink.any(dim=2)  # N x W, N x H
+
+    def extent(mask):
+        index = torch.arange(mask.shape[1]).expand_as(mask)
+        first = torch.where(mask, index, mask.shape[1]).amin(dim=1)
+        last = torch.where(mask, index, -1).amax(dim=1) + 1
+        return first / mask.shape[1], last / mask.shape[1]
+
+    (x0, x1), (y0, y1) = extent(columns), extent(rows)
+    return torch.stack([x0, y0, x1, y1], dim=1)
+
+
+def train_on_digits(model, size=112, steps=150, batch_size=32, optimizer="sgd", lr=None, weight_decay=1e-4,
+                    batchnorm_batches=8, seed=0):
+    """A few steps of training on scikit-learn's digits (mobilebuild's example split, images in [0, 1]), bilinearly
+    upscaled to size x size and copied to 3 channels. A randomly initialised batch-norm network amplifies any
+    perturbation (int8 rounding among them) far beyond what a trained one does; this much training tames it.
+
+    optimizer: "sgd" (lr 0.05, momentum 0.9) for the convolutional networks, "adamw" (lr 1e-3) for those trained
+    with it (Transformers, ConvNeXt: SGD leaves them untrained). Then batch-norm statistics are re-estimated on
+    `batchnorm_batches` batches of digits, a cumulative average, with the weights fixed ("precise BN"): the running
+    averages of a few steps lag the moving weights (MobileNetV3's momentum is 0.01), and without it the eval-mode
+    model gives nearly the same output for every input. The recipe's batchnorm_stats stays 0.
+
+    The first output gets cross-entropy on the digit's label (it needs 10 classes or more); any further output must
+    be 4 wide and gets smooth L1 towards the digit's ink box (x0, y0, x1, y1 in [0, 1]), so every head is trained.
+    Seeded (batch order, dropout) and deterministic for a given thread count."""
+    from mobilebuild.examples.digits import load_split
+
+    images, labels = load_split("train")
+    boxes = ink_boxes(images)
+    torch.manual_seed(seed)
+    order = torch.Generator().manual_seed(seed)
+
+    def batch(chosen):
+        upscaled = F.interpolate(images[chosen], size=(size, size), mode="bilinear").expand(-1, 3, -1, -1)
+        return upscaled.contiguous(memory_format=torch.channels_last)
+
+    if optimizer == "sgd":
+        step = torch.optim.SGD(model.parameters(), lr=lr or 0.05, momentum=0.9, weight_decay=weight_decay)
+    elif optimizer == "adamw":
+        step = torch.optim.AdamW(model.parameters(), lr=lr or 1e-3, weight_decay=weight_decay)
+    else:
+        raise ValueError(f"train_on_digits: optimizer is 'sgd' or 'adamw', got {optimizer!r}")
+    model.train()
+    for _ in range(steps):
+        chosen = torch.randint(0, len(labels), (batch_size,), generator=order)
+        outputs = model(batch(chosen))
+        outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        loss = F.cross_entropy(outputs[0], labels[chosen])
+        for index, output in enumerate(outputs[1:], 1):
+            if output.shape != (batch_size, 4):
+                raise ValueError(f"train_on_digits trains a further output as a box (batch x 4); output {index} "
+                                 f"is {tuple(output.shape)}")
+            loss = loss + F.smooth_l1_loss(output, boxes[chosen], beta=0.1)
+        if not torch.isfinite(loss):
+            raise ValueError(f"train_on_digits diverged (loss {loss.item()}): lower lr")
+        step.zero_grad()
+        loss.backward()
+        step.step()
+
+    model.eval()
+    norms = [module for module in model.modules() if isinstance(module, nn.modules.batchnorm._BatchNorm)]
+    momenta = [norm.momentum for norm in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average
+        norm.train()  # the rest (dropout, stochastic depth) stays in eval mode
+    with torch.no_grad():
+        for _ in range(batchnorm_batches if norms else 0):
+            model(batch(torch.randint(0, len(labels), (batch_size,), generator=order)))
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum
+    return model.eval()
