@@ -44,6 +44,8 @@ TARGETS = {  # column -> target entry
 
 IMAGE = {"distribution": {"uniform": {"low": 0, "high": 1}}}
 DYNAMIC = {"quantize": {"mode": "dynamic"}}
+# ONNX Runtime runs an ONNX LSTM of any length; the TorchScript-based exporter writes one, torch.export unrolls it
+TORCHSCRIPT_ONNX = {"onnx": {"exporter": "torchscript"}}
 TEXT = {"dims": {"seq": {"min": 8, "max": 128, "example": 32}}, "outputs": ["scores"],
         # dynamic int8 (Linear/LSTM weights) on qnnpack, as PyTorch Mobile ships text models
         "own": {"qnnpack": DYNAMIC}}
@@ -64,7 +66,10 @@ def digits_classifier(model, size, optimizer="sgd"):
     (SGD for the convolutional networks, AdamW for those that need it)."""
     kwargs = {"size": size, "steps": TRAIN_STEPS, **({"optimizer": optimizer} if optimizer != "sgd" else {})}
     train = {"function": "zoo_models:train_on_digits", "kwargs": kwargs}
-    return {"model": {**model, "train": train}, **image(1, 3, size, size)}
+    # calibrated and verified on digits, which the trained model's outputs vary on (random images barely move them)
+    digits = {"source": "function", "function": "zoo_models:digits_batches", "kwargs": {"size": size}}
+    return {"model": {**model, "train": train}, **image(1, 3, size, size), "calibration": digits,
+            "evaluation": "calibration-holdout"}
 
 
 # name -> (what it is, recipe fields). Shared settings are added by recipes(); "own": {column: that target's own
@@ -103,9 +108,11 @@ ZOO = {
                           # 11.6 dB on ExecuTorch; 3-7 dB on ONNX Runtime, 16-30 dB since its export keeps the
                           # attention mask's nodes float; calibrated on random token ids)
                           "own": {"qnnpack": DYNAMIC, "et-int8": DYNAMIC, "onnx-int8": DYNAMIC}}),
-    "lstm": ("nn.LSTM text classifier, 2 layers x 128, ids, seq 8-128; qnnpack: dynamic int8",
+    "lstm": ("nn.LSTM text classifier, 2 layers x 128, ids, seq 8-128; qnnpack, onnx-int8: dynamic int8; onnx: "
+             "`onnx.exporter: torchscript` (torch.export unrolls nn.LSTM, pinning the length)",
              {"model": {"factory": "zoo_models:lstm_classifier"},
-              "inputs": [{"name": "ids", "shape": [1, "seq"], "dtype": "int64", "range": [0, 1000]}], **TEXT}),
+              "inputs": [{"name": "ids", "shape": [1, "seq"], "dtype": "int64", "range": [0, 1000]}], **TEXT,
+              "own": {**TEXT["own"], "onnx-fp32": TORCHSCRIPT_ONNX, "onnx-int8": {**DYNAMIC, **TORCHSCRIPT_ONNX}}}),
     "m5_speech": ("M5 keyword spotting on raw 1-D audio, 1x1x8000 (0.5 s at 16 kHz)",
                   {"model": {"factory": "zoo_models:m5"},
                    "input": {"shape": [1, 1, 8000], "memory_format": "contiguous"}}),
@@ -130,8 +137,8 @@ MEANINGS = [
                                          "and the XNNPACK delegate takes no 3-D convolution"),
     ("left outside XNNPACK", "ExecuTorch: the XNNPACK quantizer quantizes 3-D convolutions, which the delegate then "
                              "does not take, and ExecuTorch has no kernel for the dequantize ops left around them"),
-    ("found that the model fixes dim", "torch.export: nn.LSTM is unrolled over the sequence, so its length cannot "
-                                       "stay dynamic (the ONNX exporter is torch.export too)"),
+    ("found that the model fixes dim", "torch.export, which ExecuTorch has no alternative to: nn.LSTM is unrolled "
+                                       "over the sequence, so its length cannot stay dynamic"),
     ("PythonAction Error", "mobilebuild: a stage crashed (traceback in the build output)"),
 ]
 
@@ -144,11 +151,14 @@ def recipes(name, quick):
     # training leaves batch-norm statistics of its own; random weights get them re-estimated on random batches
     stats = 0 if "train" in data["model"] else 1 if quick else 2
     data["model"] = {"seed": 0, "batchnorm_stats": stats, **data["model"]}
-    data["quantize"] = {"calibration": {"source": "random", "batches": 2 if quick else 8, "seed": 0}}
+    calibration = data.pop("calibration", {"source": "random", "seed": 0})
+    data["quantize"] = {"calibration": {**calibration, "batches": 2 if quick else 8}}
+    evaluation = data.pop("evaluation", None)
     # Top-1 agreement between two sets of near-equal random scores (1000 classes, random weights) is a coin toss
     # whatever the artifact: with 4 inputs, fp32-exact int8 models "failed" it at 0.75. It is not judged for int8;
     # SQNR, cosine and the relative error are, at their defaults.
-    data["verify"] = {"samples": 2 if quick else 8, "thresholds": {"int8": {"top1_agreement": 0}}}
+    data["verify"] = {"samples": 2 if quick else 8, "thresholds": {"int8": {"top1_agreement": 0}},
+                      **({"evaluation": evaluation} if evaluation else {})}
     data["benchmark"] = {"warmup": 1 if quick else 2, "iters": 3 if quick else 10}
     data["targets"] = list(TARGETS.values())
     data["targets"] = [{**target, **own.get(column, {})} for column, target in TARGETS.items()]
@@ -214,7 +224,8 @@ def cell(target, verification):
     sqnr = f"SQNR {metrics['sqnr_db']:.1f} dB" if isinstance(metrics.get("sqnr_db"), (int, float)) else "no SQNR"
     worst = f", worst of {len(result['outputs'])} outputs: {result['worst_output']}" if "outputs" in result else ""
     if status.startswith("passed"):
-        return "verified", f"verified ({sqnr}{worst}{', relaxed thresholds' if 'relaxed' in status else ''})"
+        fixed = f"; {target['fixed_shape']}" if target.get("fixed_shape") else ""  # a dynamic dim the route kept fixed
+        return "verified", f"verified ({sqnr}{worst}{', relaxed thresholds' if 'relaxed' in status else ''}{fixed})"
     if status == "failed" and reason:
         return "refused", f"refused: {reason}"
     if status == "failed":
@@ -287,19 +298,19 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
   cells of the first four (11.2-14.9 dB, the three independent int8 routes agreeing), and ConvNeXt's qnnpack was
   refused (QNNPACK's quantized add takes scale ratios of 2^-14 and up; the layer scale starts at 1e-6); trained,
   those cells verify.
-- **What verifying on random images shows.** Calibration and verification still use random uniform images, which
-  the trained models never saw. On them a trained model's output varies little from one image to the next: the
-  part that does is 29-46 dB below the whole (ViT and ConvNeXt, trained less far by {TRAIN_STEPS} steps, 66 dB;
-  3-14 dB with random weights, 22 dB for ViT), so an int8 SQNR of 30-48 dB there mostly says the artifact keeps
-  the model's common response. On digits, where the outputs do vary (that part 2-16 dB below the whole),
-  calibrating and verifying on digits instead (`quantize.calibration.source: function`, `verify.evaluation:
-  calibration-holdout`; measured once, 2026-11-24) verified all 21 int8 cells of the seven too, at 17.3 dB
-  (ShuffleNetV2 on qnnpack, 29.9 on the other routes) to 44.7 dB; ViT 20.4-20.9, MobileNetV3-Small 24.0-24.7.
-- **Verification:** each artifact is compared with the eager fp32 model on {samples} held-out random inputs (per
-  size, for text models: the shortest, example and longest sequence) at the default thresholds (fp32: SQNR 40 dB,
-  int8: SQNR 15 dB, cosine 0.98, relative error 0.5), except top-1 agreement for int8 (hence "relaxed
-  thresholds"): on random inputs the class scores of a random-weight model are near-equal, and which one is
-  highest is a coin toss for any int8 model. A model with several outputs is judged on its worst.
+- **Calibrated and verified on digits.** The trained classifiers are calibrated on the first {batches} digits of
+  the training split (`quantize.calibration.source: function`, `zoo_models:digits_batches`) and verified on
+  {samples} digits after them (`verify.evaluation: calibration-holdout`, never the calibration images). On random
+  images a trained model's output hardly varies: the part that depends on the image is 29-46 dB below the whole
+  (ViT and ConvNeXt 66 dB; 3-14 dB with random weights), so an int8 SQNR there mostly says the artifact keeps the
+  model's common response (random images gave 24.0-48.5 dB on these rows, measured 2026-11-24). On digits that part
+  is 2-16 dB below the whole: what these cells measure is the artifact following the model from image to image.
+- **Verification:** each artifact is compared with the eager fp32 model on {samples} held-out inputs (digits for the
+  trained classifiers, random inputs for the rest; per size, for text models: the shortest, example and longest
+  sequence) at the default thresholds (fp32: SQNR 40 dB, int8: SQNR 15 dB, cosine 0.98, relative error 0.5),
+  except top-1 agreement for int8 (hence "relaxed thresholds"): on random inputs the class scores of a random-weight
+  model are near-equal, and which one is highest is a coin toss for any int8 model; on {samples} digits one
+  disagreement moves it by {100 // samples} points. A model with several outputs is judged on its worst.
 - **The text Transformer's int8 is dynamic** on all three int8 targets (`quantize.mode: dynamic`), as ONNX Runtime
   advises for Transformers. Static int8 fell short on it (2026-11-24, 8 random calibration batches): 11.6 dB on
   ExecuTorch, at the example length only; 3-7 dB on ONNX Runtime, whose calibration gave the attention's additive
@@ -308,9 +319,10 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
   still below dynamic. Dynamic: 38.2 dB on ExecuTorch, which keeps the dynamic length, and 35.8 dB on ONNX Runtime,
   beside qnnpack's 41.1 dB.
 - **Targets:** `xnnpack`: PyTorch Mobile `.ptl`, fp32. `qnnpack`: PyTorch Mobile `.ptl`, int8 (static, calibrated
-  on {batches} random batches; dynamic for the text models). `et-fp32`, `et-int8`: ExecuTorch `.pte`, XNNPACK delegate
-  (int8: PT2E, per-channel; dynamic for the text Transformer). `onnx-fp32`, `onnx-int8`: ONNX Runtime (int8: its
-  static QDQ quantization; dynamic, `quantize_dynamic`, for the text Transformer).
+  on {batches} batches, digits or random as above; dynamic for the text models). `et-fp32`, `et-int8`: ExecuTorch
+  `.pte`, XNNPACK delegate (int8: PT2E, per-channel; dynamic for the text Transformer). `onnx-fp32`, `onnx-int8`:
+  ONNX Runtime (int8: its static QDQ quantization; dynamic, `quantize_dynamic`, for the text Transformer and the
+  LSTM, whose ONNX export uses `onnx.exporter: torchscript`).
 - **Cells:** verified (lowest SQNR), FAILED verification (the thresholds missed), refused (the target's build
   stopped with one line; each is listed in full below the table with what it means). {counts}.
 - **Time:** the whole model: training (in brackets, one thread), six targets, verification, and a benchmark of
@@ -324,13 +336,16 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
         shown = []
         for column, (kind, text) in cells.items():
             if kind == "verified":
-                shown.append(text.replace("verified (SQNR ", "verified ").split(",")[0].rstrip(")"))
+                shown.append(text.replace("verified (SQNR ", "verified ").split(",")[0].split(";")[0].rstrip(")"))
+                if "; " in text:  # verified at a shape the route fixed: said below the table
+                    notes.append((name, column, kind, text))
+                    shown[-1] += f" [{len(notes)}]"
             else:
                 notes.append((name, column, kind, text))
                 shown.append(f"{'refused' if kind == 'refused' else 'FAILED' if kind == 'failed' else kind} "
                              f"[{len(notes)}]")
         out.append(f"| **{name}**: {about} | {' | '.join(shown)} | {seconds:.0f} s{training(trained)} |")
-    out += ["", "## Refusals and failures", ""]
+    out += ["", "## Refusals, failures and fixed shapes", ""]
     for number, (name, column, kind, text) in enumerate(notes, 1):
         explained = f" **Whose limit:** {meaning(text)}." if kind == "refused" else ""
         out.append(f"{number}. {name} / {column}: `{text.replace('`', chr(39))}`{explained}")

@@ -146,6 +146,23 @@ def ink_boxes(images):
     return torch.stack([x0, y0, x1, y1], dim=1)
 
 
+def upscaled_digits(images, size):
+    """Digits N x 1 x 8 x 8 as the zoo's image classifiers take them: bilinearly upscaled to size x size, 3 channels."""
+    upscaled = F.interpolate(images, size=(size, size), mode="bilinear").expand(-1, 3, -1, -1)
+    return upscaled.contiguous(memory_format=torch.channels_last)
+
+
+def digits_batches(size=112):
+    """quantize.calibration.function of the trained classifiers: the training split's digits, one per batch, in
+    order. Calibration reads the first `batches`; verify.evaluation: calibration-holdout verifies on the ones after
+    them, where the trained model's outputs vary from image to image (on random images they barely do)."""
+    from mobilebuild.examples.digits import load_split
+
+    images, _ = load_split("train")
+    for index in range(len(images)):
+        yield upscaled_digits(images[index:index + 1], size)
+
+
 def train_on_digits(model, size=112, steps=150, batch_size=32, optimizer="sgd", lr=None, weight_decay=1e-4,
                     batchnorm_batches=8, seed=0):
     """A few steps of training on scikit-learn's digits (mobilebuild's example split, images in [0, 1]), bilinearly
@@ -168,10 +185,6 @@ def train_on_digits(model, size=112, steps=150, batch_size=32, optimizer="sgd", 
     torch.manual_seed(seed)
     order = torch.Generator().manual_seed(seed)
 
-    def batch(chosen):
-        upscaled = F.interpolate(images[chosen], size=(size, size), mode="bilinear").expand(-1, 3, -1, -1)
-        return upscaled.contiguous(memory_format=torch.channels_last)
-
     if optimizer == "sgd":
         step = torch.optim.SGD(model.parameters(), lr=lr or 0.05, momentum=0.9, weight_decay=weight_decay)
     elif optimizer == "adamw":
@@ -181,7 +194,7 @@ def train_on_digits(model, size=112, steps=150, batch_size=32, optimizer="sgd", 
     model.train()
     for _ in range(steps):
         chosen = torch.randint(0, len(labels), (batch_size,), generator=order)
-        outputs = model(batch(chosen))
+        outputs = model(upscaled_digits(images[chosen], size))
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
         loss = F.cross_entropy(outputs[0], labels[chosen])
         for index, output in enumerate(outputs[1:], 1):
@@ -204,7 +217,7 @@ def train_on_digits(model, size=112, steps=150, batch_size=32, optimizer="sgd", 
         norm.train()  # the rest (dropout, stochastic depth) stays in eval mode
     with torch.no_grad():
         for _ in range(batchnorm_batches if norms else 0):
-            model(batch(torch.randint(0, len(labels), (batch_size,), generator=order)))
+            model(upscaled_digits(images[torch.randint(0, len(labels), (batch_size,), generator=order)], size))
     for norm, momentum in zip(norms, momenta):
         norm.momentum = momentum
     return model.eval()
