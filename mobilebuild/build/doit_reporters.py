@@ -17,6 +17,11 @@ from mobilebuild.build.repo_lock import hold_build_lock
 from mobilebuild.worker.quiet import SHOWN_WARNINGS, shown_warnings_list
 
 
+def first_line(text):
+    """The first line of a failure's message that says something, as a reporter shows a failed task in one line."""
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "failed")
+
+
 class RunHooks:
     """Mixed into each reporter: doit calls a reporter exactly when tasks are about to run, for every failure, and
     once the run is over, with whichever reporter (`-r json`...) the build uses."""

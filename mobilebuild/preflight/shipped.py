@@ -16,7 +16,7 @@ from doit.globals import Globals
 from doit.reporter import ZeroReporter
 
 from mobilebuild import tasks
-from mobilebuild.build.doit_reporters import RunHooks
+from mobilebuild.build.doit_reporters import RunHooks, first_line
 from mobilebuild.build.repo_lock import release_build_lock
 
 CACHED = "(from the cache)"  # what build.execute.run_node prints for an artifact the shared cache gave
@@ -37,10 +37,6 @@ class Outcome:
 def _crashed(fail):
     """An exception raised in an action (doit's TaskError itself), not a failure it returned nor a dependency's."""
     return type(fail) is TaskError
-
-
-def first_line(text):
-    return next((line.strip() for line in str(text).splitlines() if line.strip()), "failed")
 
 
 class _Reporter(RunHooks, ZeroReporter):

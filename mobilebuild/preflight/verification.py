@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobilebuild import store
+from mobilebuild.build.doit_reporters import first_line
 from mobilebuild.build.execute import recipe_field
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.preflight.recorded import cached_verification, remember_verification, verification_key
-from mobilebuild.preflight.shipped import first_line
 
 # The verify settings (plan.stages.VerifyConfig) that evaluation_data and output_names read; the calibration too, for
 # calibration-holdout, whose data it is.

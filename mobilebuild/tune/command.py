@@ -532,10 +532,7 @@ def _reporter(wanted, finished):
     from doit.exceptions import TaskError, UnmetDependency
     from doit.reporter import ZeroReporter
 
-    from mobilebuild.build.doit_reporters import RunHooks
-
-    def first_line(text):
-        return next((line.strip() for line in str(text).splitlines() if line.strip()), "failed")
+    from mobilebuild.build.doit_reporters import RunHooks, first_line
 
     class Reporter(RunHooks, ZeroReporter):
         desc = "mobilebuild tune: one outcome per task"
