@@ -44,7 +44,7 @@ import os
 import sys
 from pathlib import Path
 
-from mobilebuild.build import commands, distributed
+from mobilebuild.engine import commands, distributed
 from mobilebuild.errors import RecipeErrors
 from mobilebuild.plan import graph, recipe
 from mobilebuild.results import baseline, release
@@ -55,7 +55,7 @@ def run_doit(args):
     from doit.doit_cmd import DoitMain
 
     from mobilebuild import tasks
-    from mobilebuild.build import doit_reporters
+    from mobilebuild.engine import doit_reporters
 
     plugins = {"COMMAND": commands.PLUGINS, "REPORTER": doit_reporters.PLUGINS}
     return DoitMain(ModuleTaskLoader(tasks), extra_config=plugins).run(args)
@@ -109,7 +109,7 @@ def bench(args):
 
 
 def cache_command(args):
-    from mobilebuild.build import cache
+    from mobilebuild.engine import cache
 
     parser = argparse.ArgumentParser(prog="mobilebuild cache", description="The shared artifact cache.")
     parser.add_argument("action", choices=["stats", "prune", "clear"])

@@ -7,11 +7,11 @@ import os
 
 from doit.tools import config_changed
 
-from mobilebuild.build import collector, distributed
-from mobilebuild.build.actions import check_verified, clean_output, clean_plots, fail_with, write_release, write_report
-from mobilebuild.build.doit_reporters import Reporter
-from mobilebuild.build.execute import run_node
-from mobilebuild.build.uptodate import ContentChecker, NodeUpToDate, ObservedFiles
+from mobilebuild.engine import collector, distributed
+from mobilebuild.engine.actions import check_verified, clean_output, clean_plots, fail_with, write_release, write_report
+from mobilebuild.engine.doit_reporters import Reporter
+from mobilebuild.engine.execute import run_node
+from mobilebuild.engine.uptodate import ContentChecker, NodeUpToDate, ObservedFiles
 from mobilebuild.plan import graph, project, stages
 from mobilebuild.results import release
 

@@ -12,7 +12,7 @@ import uuid
 import fsspec
 import pytest
 
-from mobilebuild.build import cache as cachemod
+from mobilebuild.engine import cache as cachemod
 
 BLOB = bytes(range(256)) * 400  # 100 kB
 
@@ -188,7 +188,7 @@ def test_concurrent_writers_of_one_key_leave_one_valid_entry(tmp_path):
 
 KILLED_WRITER = """
 import sys
-from mobilebuild.build import cache
+from mobilebuild.engine import cache
 cache.Cache(sys.argv[1]).store(sys.argv[2], {"artifact": sys.argv[3]})
 """
 
@@ -318,7 +318,7 @@ def test_parse_size_refuses_what_is_not_a_size(text):
 
 
 def test_importing_the_cache_does_not_import_fsspec():
-    code = "import sys, mobilebuild.build.cache; print('fsspec' in sys.modules)"
+    code = "import sys, mobilebuild.engine.cache; print('fsspec' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 

@@ -5,7 +5,7 @@ import gc
 from conftest import tiny_recipe
 
 from mobilebuild import tasks
-from mobilebuild.build import collector
+from mobilebuild.engine import collector
 
 
 def test_a_planned_graph_is_frozen_and_collection_goes_on(project):

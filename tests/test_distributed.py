@@ -121,7 +121,7 @@ def dies_on_first_attempt(marker, *args):
     if not os.path.exists(marker):
         open(marker, "w").close()
         os._exit(1)
-    from mobilebuild.build import distributed as remote
+    from mobilebuild.engine import distributed as remote
 
     return remote.build_on_worker(*args)
 
@@ -129,8 +129,8 @@ def dies_on_first_attempt(marker, *args):
 def test_a_worker_lost_mid_task_is_rerun_and_nothing_half_stored(cluster, tmp_path, monkeypatch):
     import cloudpickle
 
-    from mobilebuild.build import distributed as remote
-    from mobilebuild.build import execute
+    from mobilebuild.engine import distributed as remote
+    from mobilebuild.engine import execute
     from mobilebuild.plan import graph, recipe
 
     address, client = cluster

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from mobilebuild.build import fetched
+from mobilebuild.engine import fetched
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker.stages import calibration, fuse, modeling, quantize
 

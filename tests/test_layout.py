@@ -1,5 +1,5 @@
 """The package's layers, read from its source: no import cycle between modules (lazy imports included, since they
-only hide one), the plan layer imports neither torch nor doit, the worker side never doit, the build layer never
+only hide one), the plan layer imports neither torch nor doit, the worker side never doit, the engine (doit) layer never
 torch."""
 
 import ast
@@ -82,17 +82,17 @@ def test_no_module_imports_itself_through_others():
 
 def test_the_cycle_check_finds_a_cycle_that_lazy_imports_hide(tmp_path):
     lazy = tmp_path / "mobilebuild_probe.py"
-    lazy.write_text("def report():\n    from mobilebuild.build import actions\n")
-    assert "mobilebuild.build.actions" in imports_of_source(lazy.read_text(), "mobilebuild.probe")
+    lazy.write_text("def report():\n    from mobilebuild.engine import actions\n")
+    assert "mobilebuild.engine.actions" in imports_of_source(lazy.read_text(), "mobilebuild.probe")
     graph = {"tasks": {"reporter"}, "reporter": {"execute"}, "execute": {"tasks"}, "store": set()}
     assert cycles(graph) == [["execute", "reporter", "tasks"]]
 
 
 @pytest.mark.parametrize(("layer", "forbidden"), [
-    ("mobilebuild.plan", ("torch", "doit", "mobilebuild.build", "mobilebuild.worker", "mobilebuild.results",
+    ("mobilebuild.plan", ("torch", "doit", "mobilebuild.engine", "mobilebuild.worker", "mobilebuild.results",
                           "mobilebuild.preflight")),
-    ("mobilebuild.worker", ("doit", "mobilebuild.build", "mobilebuild.results")),
-    ("mobilebuild.build", ("torch",)),
+    ("mobilebuild.worker", ("doit", "mobilebuild.engine", "mobilebuild.results")),
+    ("mobilebuild.engine", ("torch",)),
     ("mobilebuild.results", ("torch", "doit")),
 ])
 def test_each_layer_imports_only_what_it_may(layer, forbidden):

@@ -75,7 +75,7 @@ def toy_project(project):
     (project.root / "toyruntime.py").write_text(TOY_RUNTIME)
     (project.root / "dodo.py").write_text(TOY_DODO)
     # the `doit graph` command, as a repository of models registers it (README, Commands)
-    plugins = '[tool.doit.plugins.command]\ngraph = "mobilebuild.build.commands:Graph"\n'
+    plugins = '[tool.doit.plugins.command]\ngraph = "mobilebuild.engine.commands:Graph"\n'
     (project.root / "pyproject.toml").write_text(plugins)
     project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "toy", "toy": {"note": "hello"}}]))
     return project

@@ -6,7 +6,7 @@ import json
 import torch
 from torch import nn
 
-from mobilebuild.build import worker_pool
+from mobilebuild.engine import worker_pool
 from mobilebuild.plan import stages
 from mobilebuild.plan.stages import BenchConfig
 from mobilebuild.worker.stages import bench

@@ -25,7 +25,7 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
     import torch
     from torch import nn
 
-    from mobilebuild.build import worker_pool
+    from mobilebuild.engine import worker_pool
     from mobilebuild.plan import stages
 
     private_tmp = tmp_path / "tmp"

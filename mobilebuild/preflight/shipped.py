@@ -16,10 +16,10 @@ from doit.globals import Globals
 from doit.reporter import ZeroReporter
 
 from mobilebuild import tasks
-from mobilebuild.build.doit_reporters import RunHooks, first_line
-from mobilebuild.build.repo_lock import release_build_lock
+from mobilebuild.engine.doit_reporters import RunHooks, first_line
+from mobilebuild.engine.repo_lock import release_build_lock
 
-CACHED = "(from the cache)"  # what build.execute.run_node prints for an artifact the shared cache gave
+CACHED = "(from the cache)"  # what engine.execute.run_node prints for an artifact the shared cache gave
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobilebuild import store
-from mobilebuild.build.doit_reporters import first_line
-from mobilebuild.build.execute import recipe_field
+from mobilebuild.engine.doit_reporters import first_line
+from mobilebuild.engine.execute import recipe_field
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.preflight.recorded import cached_verification, remember_verification, verification_key
 
@@ -59,7 +59,7 @@ class RecipeVerification:
             return None
         if found.get("crashed"):
             return Problem(verify.task_name, found["message"], False)
-        # as the build renders a stage's error (build.execute.run_node): the field where the target sets it
+        # as the build renders a stage's error (engine.execute.run_node): the field where the target sets it
         error = MobileBuildError(found["message"], file=verify.recipe_file,
                                  field=recipe_field(found["field"], verify.fields))
         return Problem(verify.task_name, first_line(error), found["field"] == "outputs")

@@ -32,7 +32,7 @@ TUNE_DIR = ".mobilebuild/tune"  # ignored scratch (.gitignore: .mobilebuild/)
 SUFFIX = ".tune"  # the generated recipe's name: recipe names take letters, digits, '_' and '.'
 RANKED = 16  # how many layers the baseline's per-layer comparison ranks: the longest walk
 DEFAULT_BUDGET = 16
-CACHED = "(from the cache)"  # what build.execute.run_node prints for an artifact the shared cache gave
+CACHED = "(from the cache)"  # what engine.execute.run_node prints for an artifact the shared cache gave
 EXCLUDABLE = recipe.schema()["properties"]["quantize"]["properties"]["exclude"]["items"]["pattern"]
 STUBS = ("QuantStub", "DeQuantStub", "QuantizeLinear", "DequantizeLinear")
 THRESHOLDS = tuple(recipe.default_thresholds("int8"))
@@ -101,7 +101,7 @@ def _dask(address):
     if not address:
         yield None
         return
-    from mobilebuild.build import distributed
+    from mobilebuild.engine import distributed
 
     with distributed.cluster(address) as slots:
         yield slots
@@ -512,7 +512,7 @@ def run_tasks(task_names, finished, slots=None, processes=None):
     from doit.doit_cmd import DoitMain
 
     from mobilebuild import tasks
-    from mobilebuild.build.repo_lock import release_build_lock
+    from mobilebuild.engine.repo_lock import release_build_lock
 
     tasks.plan_again()  # the generated recipe as it is now
     namespace = dict(inspect.getmembers(tasks))
@@ -532,7 +532,7 @@ def _reporter(wanted, finished):
     from doit.exceptions import TaskError, UnmetDependency
     from doit.reporter import ZeroReporter
 
-    from mobilebuild.build.doit_reporters import RunHooks, first_line
+    from mobilebuild.engine.doit_reporters import RunHooks, first_line
 
     class Reporter(RunHooks, ZeroReporter):
         desc = "mobilebuild tune: one outcome per task"

@@ -10,10 +10,10 @@ from doit import reporter
 from doit.exceptions import TaskError, UnmetDependency
 from doit.reporter import ConsoleReporter
 
-from mobilebuild.build import collector
-from mobilebuild.build.actions import write_manifests_despite, write_report_despite
-from mobilebuild.build.execute import untrusted_summary
-from mobilebuild.build.repo_lock import hold_build_lock
+from mobilebuild.engine import collector
+from mobilebuild.engine.actions import write_manifests_despite, write_report_despite
+from mobilebuild.engine.execute import untrusted_summary
+from mobilebuild.engine.repo_lock import hold_build_lock
 from mobilebuild.worker.quiet import SHOWN_WARNINGS, shown_warnings_list
 
 
@@ -123,6 +123,6 @@ ErrorOnlyReporter = _one_build_at_a_time(reporter.ErrorOnlyReporter)
 
 # doit's reporter names, replaced (pyproject.toml [tool.doit.plugins.reporter]; the mobilebuild command registers
 # them itself)
-PLUGINS = {name: f"mobilebuild.build.doit_reporters:{cls}" for name, cls in (
+PLUGINS = {name: f"mobilebuild.engine.doit_reporters:{cls}" for name, cls in (
     ("console", "Reporter"), ("verbose", "VerboseReporter"), ("json", "JsonReporter"),
     ("executed-only", "ExecutedOnlyReporter"), ("zero", "ZeroReporter"), ("error-only", "ErrorOnlyReporter"))}

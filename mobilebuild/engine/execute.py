@@ -15,7 +15,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from mobilebuild import store
-from mobilebuild.build import distributed, worker_pool
+from mobilebuild.engine import distributed, worker_pool
 from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.plan import stages
 
@@ -56,7 +56,7 @@ def run_node(node):
 def shared_cache():
     """The shared artifact cache ($MOBILEBUILD_CACHE, by default a folder in the user's cache directory), or None
     when it is off."""
-    from mobilebuild.build import cache  # fsspec: only when something is built
+    from mobilebuild.engine import cache  # fsspec: only when something is built
 
     return cache.from_environment()
 
@@ -64,7 +64,7 @@ def shared_cache():
 def _fetch(node, shared, key):
     """Whether the node's output came from the cache. An entry the cache's reader does not trust (unsigned while
     a key is set; a file that is not what the stage makes) is noted for the build's summary and rebuilt."""
-    from mobilebuild.build import cache, fetched
+    from mobilebuild.engine import cache, fetched
 
     form = stages.get(node.stage).form
     try:
@@ -107,7 +107,7 @@ def _cache_entry(node):
     same kind of machine: its key names the host."""
     if not stages.get(node.stage).cached or shared_cache() is None:
         return None, None
-    from mobilebuild.build import cache
+    from mobilebuild.engine import cache
     from mobilebuild.worker.stages.bench import host  # no torch there
 
     hashes = {f"input:{role}": store.sha256_file(path) for role, path in node.inputs.items()}
@@ -142,7 +142,7 @@ def _run_stage(node, output):
 
 def _build_remotely(node, shared, key):
     """The node on a Dask worker (distributed.py); its output comes back through the shared cache."""
-    from mobilebuild.build import cache
+    from mobilebuild.engine import cache
 
     if key is None:
         raise MobileBuildError("a build on Dask moves files through the shared artifact cache, which is off "

@@ -3,7 +3,7 @@
 An entry's hashes are its writer's word: anyone who can write to the cache can write a matching hash. The stages
 read intermediates weights-only, so a file carrying code is refused when it is loaded; checking the fetched copy
 first turns that failure into a miss (the node is rebuilt) instead of a failed stage. Only the standard library
-reads the file here (the build layer never imports torch), and nothing in it is executed: pickles are walked
+reads the file here (the engine (doit) layer never imports torch), and nothing in it is executed: pickles are walked
 opcode by opcode (pickletools), never loaded.
 """
 

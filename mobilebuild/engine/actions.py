@@ -11,7 +11,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from mobilebuild import store
-from mobilebuild.build import execute
+from mobilebuild.engine import execute
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import graph, project
 from mobilebuild.results import release

@@ -74,7 +74,7 @@ def run_remote(node, request, shared, key, python=None):
 def build_on_worker(request, files, cache_url, key, python=None):
     """On a Dask worker: fetch the inputs into a scratch repository, run the stage, publish the output. The cache's
     signing key comes from the worker's own environment (MOBILEBUILD_CACHE_KEY), never through the scheduler."""
-    from mobilebuild.build import cache, worker_pool
+    from mobilebuild.engine import cache, worker_pool
 
     shared = cache.Cache(cache_url, signing_key=os.environ.get(cache.KEY_VARIABLE) or None)
     scratch = Path(tempfile.mkdtemp(prefix="mobilebuild-"))

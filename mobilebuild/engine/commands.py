@@ -12,10 +12,10 @@ from doit.cmd_base import Command, DoitCmdBase
 from doit.exceptions import InvalidCommand
 
 from mobilebuild import store
-from mobilebuild.build.uptodate import NodeUpToDate
+from mobilebuild.engine.uptodate import NodeUpToDate
 from mobilebuild.plan import graph, stages
 
-PLUGINS = {name: f"mobilebuild.build.commands:{cls}" for name, cls in (
+PLUGINS = {name: f"mobilebuild.engine.commands:{cls}" for name, cls in (
     ("report", "Report"), ("graph", "Graph"), ("clean", "Clean"), ("why", "Why"))}
 BUILT_FOLDERS = (graph.ARTIFACTS_DIR, "release")
 
