@@ -44,21 +44,39 @@ import os
 import sys
 from pathlib import Path
 
+import mobilebuild.routes  # noqa: F401 - registers the built-in route families before anything plans
 from mobilebuild.engine import commands, distributed
 from mobilebuild.errors import RecipeErrors
 from mobilebuild.plan import graph, recipe
 from mobilebuild.results import baseline, release
 
 
+def project_tasks():
+    """The repository's tasks as doit loads them: its dodo.py where it has one (a project registers its own routes
+    and stages there before importing mobilebuild.tasks, and every command must see them), else mobilebuild.tasks."""
+    if not Path("dodo.py").is_file():
+        from mobilebuild import tasks
+
+        return tasks
+    if "dodo" not in sys.modules:
+        import importlib.util
+
+        sys.path.insert(0, os.getcwd())  # as doit does: the dodo file imports the project's modules
+        spec = importlib.util.spec_from_file_location("dodo", "dodo.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["dodo"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["dodo"]
+
+
 def run_doit(args):
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
 
-    from mobilebuild import tasks
     from mobilebuild.engine import doit_reporters
 
     plugins = {"COMMAND": commands.PLUGINS, "REPORTER": doit_reporters.PLUGINS}
-    return DoitMain(ModuleTaskLoader(tasks), extra_config=plugins).run(args)
+    return DoitMain(ModuleTaskLoader(project_tasks()), extra_config=plugins).run(args)
 
 
 def _recipe_files(paths):
@@ -148,6 +166,8 @@ def main(argv=None):
     if args[:1] in (["-h"], ["--help"], ["help"]) and len(args) == 1:
         print(__doc__.strip())
         return 0
+    if args[:1] not in (["cache"], ["bench"]):
+        project_tasks()  # the project's own routes, registered before anything plans
     if args[:1] == ["check"]:
         from mobilebuild.preflight import check_command  # imports torch (and doit): only for this command
 

@@ -7,6 +7,7 @@ import os
 
 from doit.tools import config_changed
 
+import mobilebuild.routes  # noqa: F401 - registers the built-in route families before anything plans
 from mobilebuild.engine import collector, distributed
 from mobilebuild.engine.actions import check_verified, clean_output, clean_plots, fail_with, write_release, write_report
 from mobilebuild.engine.doit_reporters import Reporter

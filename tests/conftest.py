@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import mobilebuild.routes  # noqa: F401 - the built-in route families, as mobilebuild.tasks and the CLI register them
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from mobilebuild.plan import graph
+from mobilebuild.routes import torchscript
 from mobilebuild.worker import device
 
 # Verbatim from the PyTorch Mobile performance recipe (Android) ...
@@ -168,17 +168,17 @@ def test_seconds_long_iterations_use_an_exponent_and_still_parse():
 
 def test_select_device_prefers_the_recipe_then_mobilebuild_then_android_serial():
     env = {"MOBILEBUILD_ADB_SERIAL": "from-mobilebuild", "ANDROID_SERIAL": "from-android"}
-    assert graph.select_device("from-recipe", env=env) == "from-recipe"
-    assert graph.select_device(None, env=env) == "from-mobilebuild"
-    assert graph.select_device(None, env={"ANDROID_SERIAL": "from-android"}) == "from-android"
-    assert graph.select_device(None, env={"MOBILEBUILD_ADB_SERIAL": "", "ANDROID_SERIAL": "x"}) == "x"
-    assert graph.select_device(None, env={}) is None
+    assert torchscript.select_device("from-recipe", env=env) == "from-recipe"
+    assert torchscript.select_device(None, env=env) == "from-mobilebuild"
+    assert torchscript.select_device(None, env={"ANDROID_SERIAL": "from-android"}) == "from-android"
+    assert torchscript.select_device(None, env={"MOBILEBUILD_ADB_SERIAL": "", "ANDROID_SERIAL": "x"}) == "x"
+    assert torchscript.select_device(None, env={}) is None
 
 
 def test_select_device_reads_the_process_environment_by_default(monkeypatch):
     monkeypatch.delenv("MOBILEBUILD_ADB_SERIAL", raising=False)
     monkeypatch.setenv("ANDROID_SERIAL", "emulator-5554")
-    assert graph.select_device() == "emulator-5554"
+    assert torchscript.select_device() == "emulator-5554"
 
 
 # benchmark_on_device: skipped

@@ -8,6 +8,7 @@ import pytest
 from tiny_models import broken_conv, stored_fused
 
 from mobilebuild.plan import stages
+from mobilebuild.routes import onnx as onnx_route
 from mobilebuild.worker.stages import calibration, export, fuse, layers, modeling, quantize
 
 INPUTS = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
@@ -142,7 +143,7 @@ def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path):
                "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}]
     source = stored_fused(tiny_transformer(), tmp_path / "fused.pt", factory="tiny_models:tiny_transformer")
     model = {"model": str(tmp_path / "fused.pt")}
-    export.run(model, stages.ExportConfig(precision="int8", inputs=tokens, options={}, mode="dynamic", **source),
+    export.run(model, onnx_route.ExportConfig(precision="int8", inputs=tokens, options={}, mode="dynamic", **source),
                tmp_path / "dynamic.onnx")
     linears = {"qkv", "proj", "mlp.0", "mlp.2", "head"}
     shipped = {"artifact": str(tmp_path / "dynamic.onnx")}
@@ -165,7 +166,7 @@ def test_dynamic_int8_of_an_lstm_exported_by_torchscript_is_compared_per_module(
                "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}]
     source = stored_fused(tiny_lstm(), tmp_path / "fused.pt", factory="tiny_models:tiny_lstm")
     options = {"exporter": "torchscript"}
-    export.run({"model": str(tmp_path / "fused.pt")}, stages.ExportConfig(
+    export.run({"model": str(tmp_path / "fused.pt")}, onnx_route.ExportConfig(
         precision="int8", inputs=tokens, options=options, mode="dynamic", **source), tmp_path / "dynamic.onnx")
     config = stages.LayersConfig(route="onnx", precision="int8", inputs=tokens, samples=4, seed=0, top=10,
                                  options=options, mode="dynamic", **source)
@@ -255,7 +256,7 @@ def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path):
     source = stored_fused(tiny_transformer(), tmp_path / "fused.pt", factory="tiny_models:tiny_transformer")
     model = {"model": str(tmp_path / "fused.pt")}
     with reproducible.plain_attention():
-        export.run(model, stages.ExportConfig(precision="int8", inputs=tokens, options={}, calibration=CALIBRATION,
+        export.run(model, onnx_route.ExportConfig(precision="int8", inputs=tokens, options={}, calibration=CALIBRATION,
                                               **source), tmp_path / "static.onnx")
         config = stages.LayersConfig(route="onnx", precision="int8", inputs=tokens, samples=4, seed=0, top=40,
                                      options={}, calibration=CALIBRATION, **source)
@@ -280,7 +281,7 @@ def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention_and_logs_
     source = encoder_source(tmp_path)
     model = {"model": str(tmp_path / "fused.pt")}
     with reproducible.plain_attention():
-        export.run(model, stages.ExportConfig(precision="int8", inputs=TOKENS_AND_MASK, options={},
+        export.run(model, onnx_route.ExportConfig(precision="int8", inputs=TOKENS_AND_MASK, options={},
                                               calibration=CALIBRATION, **source), tmp_path / "static.onnx")
         config = stages.LayersConfig(route="onnx", precision="int8", inputs=TOKENS_AND_MASK, samples=4, seed=0,
                                      top=40, options={}, calibration=CALIBRATION, **source)

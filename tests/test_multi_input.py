@@ -16,6 +16,7 @@ from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import graph, recipe, routes, stages
+from mobilebuild.routes import torchscript
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import executorch as et_runtime
 from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
@@ -192,15 +193,14 @@ def test_routes_that_fix_the_example_sizes_say_so_naming_the_dim(tmp_path):
         script: trace
         targets: [{backend: xnnpack}]
     """)
-    traced = graph.fixed_shape(loaded, routes.get("xnnpack", "pytorch-mobile"), "fp32")
+    traced = routes.get("xnnpack", "pytorch-mobile").fixed_shape(loaded, "fp32")
     assert traced.startswith("dim seq fixed at the example size: tracing records")
-    assert "NNAPI" in graph.fixed_shape(loaded, routes.get("nnapi", "pytorch-mobile"), "fp32")
+    assert "NNAPI" in routes.get("nnapi", "pytorch-mobile").fixed_shape(loaded, "fp32")
     executorch = routes.get("xnnpack", "executorch")
-    assert graph.fixed_shape(loaded, executorch, "fp32") is None
-    assert "int8 export recipe captures the model at the example's sizes" in graph.fixed_shape(loaded, executorch,
-                                                                                               "int8")
+    assert executorch.fixed_shape(loaded, "fp32") is None
+    assert "int8 export recipe captures the model at the example's sizes" in executorch.fixed_shape(loaded, "int8")
     scripted = recipe.Recipe(**{**loaded.__dict__, "script": "script"})
-    assert graph.fixed_shape(scripted, routes.get("xnnpack", "pytorch-mobile"), "fp32") is None
+    assert routes.get("xnnpack", "pytorch-mobile").fixed_shape(scripted, "fp32") is None
 
 
 # --- example data and the user's batches ---------------------------------------------------------------------
@@ -297,7 +297,7 @@ def test_channels_last_on_one_of_two_inputs_builds_and_verifies_for_xnnpack(tmp_
     source = stored_fused(two_model(), tmp_path / "fused.pt", factory="test_multi_input:two_model")
     modeling.save(two_model().state_dict(), tmp_path / "checkpoint.pt")
     script.run({"model": tmp_path / "fused.pt"},
-               stages.ScriptConfig(mode=mode, precision="fp32", engine=None, quantization=None, inputs=NHWC_IMAGE,
+               torchscript.ScriptConfig(mode=mode, precision="fp32", engine=None, quantization=None, inputs=NHWC_IMAGE,
                                    **source), tmp_path / "scripted.pt")
     graph = torch.jit.load(tmp_path / "scripted.pt").inlined_graph
     converted = [node for node in graph.nodes() if node.kind() == "aten::contiguous"]
@@ -305,7 +305,7 @@ def test_channels_last_on_one_of_two_inputs_builds_and_verifies_for_xnnpack(tmp_
     assert len(converted) == 1 and converted[0].inputsAt(0).debugName() == image.debugName()
     path = tmp_path / "m.ptl"
     optimize.run({"scripted": tmp_path / "scripted.pt"},
-                 stages.OptimizeConfig(backend="xnnpack", engine=None, script_mode=mode, inputs=NHWC_IMAGE,
+                 torchscript.OptimizeConfig(backend="xnnpack", engine=None, script_mode=mode, inputs=NHWC_IMAGE,
                                        options={"blocklist": [], "preserved_methods": [], "bundled_inputs": True}),
                  path)
     lite = _load_for_lite_interpreter(str(path))

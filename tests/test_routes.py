@@ -3,6 +3,8 @@ and module) and one runtime module, all in its own files, and every part of the 
 the task group, the chain, verification, the benchmark, the manifest, the graph's colours)."""
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -10,11 +12,11 @@ from conftest import tiny_recipe
 
 from mobilebuild.plan import routes, stages
 
-# The toy backend ships the fused model as TorchScript, loaded by torch.jit.load: a real stage and a real runtime.
+# The toy backend ships the fused model, or its eager int8 quantization, as traced TorchScript loaded by
+# torch.jit.load: a real stage and a real runtime. Its route brings a per-layer diagnosis, a pre-flight check and a
+# report family of its own, all from the project's dodo.py.
 TOY_STAGE = textwrap.dedent('''
     from dataclasses import dataclass
-
-    from mobilebuild.plan.stages import FILE
 
 
     @dataclass(frozen=True)
@@ -23,24 +25,26 @@ TOY_STAGE = textwrap.dedent('''
         note: str
         model: dict  # a stage that takes the fused model rebuilds it from the model source and fusion
         fuse: object
+        precision: str = "fp32"
+        engine: str | None = None  # int8: the quantize stage's engine and how it quantized
+        quantization: dict | None = None
+        mode: str = "trace"
 
 
     def plan(chain):
-        """The toy stage's node in a target's chain: after the fused model."""
+        """The toy stage's node in a target's chain: after the fused (and, for int8, quantized) model."""
+        int8 = chain.precision == "int8"
         config = ToyConfig(inputs=chain.recipe.inputs, note=chain.settings.get("note", "plain"), model=chain.source,
-                           fuse=chain.recipe.fuse)
-        return chain.shipped("toy", config, {"model": chain.nodes["fuse"]}, files=chain.source_files)
+                           fuse=chain.recipe.fuse, precision=chain.precision,
+                           engine=chain.route.engine if int8 else None, quantization=chain.quantization)
+        return chain.shipped("toy", config, chain.model_inputs(), files=chain.source_files)
 
 
     def run(inputs, config, output):
-        import torch
+        from mobilebuild.worker.stages import script
 
-        from mobilebuild.worker.stages import fuse
-
-        scripted = torch.jit.script(fuse.load(inputs["model"], config))
         print(f"   toy note: {config.note}")
-        with open(output, "wb") as handle:
-            torch.jit.save(scripted, handle)
+        script.run(inputs, config, output)
 ''')
 
 TOY_RUNTIME = textwrap.dedent('''
@@ -48,6 +52,8 @@ TOY_RUNTIME = textwrap.dedent('''
 
 
     def load(path, config):
+        if config.engine:
+            torch.backends.quantized.engine = config.engine
         return torch.jit.load(str(path), map_location="cpu")
 
 
@@ -56,14 +62,31 @@ TOY_RUNTIME = textwrap.dedent('''
 ''')
 
 TOY_DODO = textwrap.dedent('''
-    from mobilebuild.plan import routes, stages
+    from mobilebuild.plan import stages
+    from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, register
     from toystage import ToyConfig, plan
 
-    stages.register(stages.Stage("toy", ToyConfig, {"model": ("fuse",)}, "The toy backend's TorchScript files.",
-                                 "#123456", module="toystage", plan=plan))
-    routes.register(routes.Route("toy", "toyrt", ("fp32",), ("toy",), ".toy", "a toy backend", loader="toyrt",
-                                 runtime_module="toyruntime", settings="toy", default=True,
-                                 structure=lambda facts: f"loaded by {facts.get('loaded_by')}"))
+
+    def toy_layers(chain, common, files):
+        """The quantize stage's model against the float one, layer by layer (the eager method)."""
+        if "quantize" not in chain.nodes:
+            return None
+        settings = stages.LayersConfig(route="eager", engine=chain.route.engine, quantization=chain.quantization,
+                                       **common)
+        return chain.layers_node(settings, {"quantized": chain.nodes["quantize"]}, files)
+
+
+    def toy_check(check):
+        check.add("advice", f"the toy runtime greets {check.target.id}", "toy")
+
+
+    stages.register(stages.Stage("toy", ToyConfig, {"model": ("fuse",), "quantized": ("quantize",)},
+                                 "The toy backend's TorchScript files.", "#123456", module="toystage", plan=plan))
+    register(Route("toy", "toyrt", ("fp32", "int8"), ("toy",), ".toy", "a toy backend",
+                   Runtime("toyrt", "Toy Runtime", module="toyruntime",
+                           structure=lambda facts: f"loaded by {facts.get('loaded_by')}"),
+                   int8=Int8("eager", engine="qnnpack", observers=("histogram", "minmax")), section=Section("toy"),
+                   default=True, checks=Checks(preflight=toy_check, layers=toy_layers)))
 
     from mobilebuild.tasks import *  # noqa: E402,F401,F403
 ''')
@@ -77,8 +100,14 @@ def toy_project(project):
     # the `doit graph` command, as a repository of models registers it (README, Commands)
     plugins = '[tool.doit.plugins.command]\ngraph = "mobilebuild.engine.commands:Graph"\n'
     (project.root / "pyproject.toml").write_text(plugins)
-    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "toy", "toy": {"note": "hello"}}]))
+    project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "toy", "toy": {"note": "hello"}},
+                                              {"backend": "toy", "precision": "int8", "name": "toy-int8"}]))
     return project
+
+
+def mobilebuild(project, *args):
+    return subprocess.run([sys.executable, "-m", "mobilebuild.cli", *args], cwd=project.root, capture_output=True,
+                          text=True, timeout=900)
 
 
 @pytest.mark.slow
@@ -106,6 +135,20 @@ def test_a_route_added_by_a_project_builds_verifies_and_benchmarks(toy_project):
     assert graphed.returncode == 0, graphed.stderr
     assert '"toy:tiny-toy" [fillcolor="#123456"]' in (toy_project.root / "graph.dot").read_text()
     assert toy_project.doit() == []  # up to date: nothing runs again
+
+    # its own per-layer diagnosis, report family, pre-flight check and tuning, with the package untouched
+    layers = json.loads(toy_project.artifact("tiny/layers-toy-int8.json").read_text())
+    assert layers["method"] in ("eager", "fx") and layers["layers"], layers
+    report = toy_project.artifact("report.md").read_text()
+    assert "Toy Runtime" in report
+    checked = mobilebuild(toy_project, "check", "recipes/tiny.yaml", "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    findings = {target["target"]: target["findings"] for target in json.loads(checked.stdout)["targets"]}
+    assert {"target": "toy", "kind": "advice", "detail": "the toy runtime greets toy", "where": "toy"} \
+        in findings["toy"], findings
+    tuned = mobilebuild(toy_project, "tune", "recipes/tiny.yaml", "--target", "toy-int8", "--goal", "sqnr_db=5")
+    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
+    assert "toy-int8" in tuned.stdout
 
 
 def test_without_its_route_a_backend_is_not_in_the_grammar(project):

@@ -27,6 +27,7 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
 
     from mobilebuild.engine import worker_pool
     from mobilebuild.plan import stages
+    from mobilebuild.routes import executorch
 
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
@@ -34,11 +35,13 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
     (tmp_path / "convrelu.py").write_text("from torch import nn\n\n\ndef make():\n"
                                           "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())\n")
     torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).state_dict(), tmp_path / "model.pt")
-    config = stages.as_json(stages.LowerConfig(precision="fp32", delegate="coreml", options={}, inputs=[{
+    config = stages.as_json(executorch.LowerConfig(precision="fp32", delegate="coreml", options={}, inputs=[{
         "name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}],
         model={"factory": "convrelu:make"}, fuse=False))
-    reply = worker_pool.call({"stage": "lower", "inputs": {"model": str(tmp_path / "model.pt")}, "config": config,
-                         "output": str(tmp_path / "model.pte"), "root": str(tmp_path)})
+    reply = worker_pool.call({"stage": "lower", "module": "mobilebuild.worker.stages.lower", "measures": False,
+                              "config_type": stages.type_path(executorch.LowerConfig),
+                              "inputs": {"model": str(tmp_path / "model.pt")}, "config": config,
+                              "output": str(tmp_path / "model.pte"), "root": str(tmp_path)})
     assert set(reply) == {"printed"}, reply
     assert (tmp_path / "model.pte").stat().st_size > 1000
     assert list(private_tmp.rglob("*.mlpackage")), "the lowering left no package for the exit to remove"

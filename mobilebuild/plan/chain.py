@@ -1,8 +1,9 @@
 """One target's chain of nodes, from its weights to its shipped artifact, and the built-in stages' planners.
 
-The graph walks `CHAIN` then the route's own stages; each stage's planner (`Stage.plan`) adds its node, or none
-where the target does not need it (no pruning, a float target's quantization). Targets that share settings get the
-same node names, so their nodes merge. Names, settings and paths only.
+The graph walks `CHAIN` (this module's planners) then the route's own stages (`Stage.plan`, from its route
+module); each planner adds its node, or none where the target does not need it (no pruning, a float target's
+quantization). Targets that share settings get the same node names, so their nodes merge. Names, settings and
+paths only.
 """
 
 import functools
@@ -15,7 +16,6 @@ from mobilebuild.plan import stages, toolchain
 from mobilebuild.plan.node import Node
 
 ARTIFACTS_DIR = "artifacts"
-CHAIN = ("prune", "fuse", "quantize")  # before every route's own stages
 
 
 def out_dir(recipe):
@@ -122,15 +122,13 @@ class Chain:
     def where(self, name):
         return self.fields.get(name, name)
 
+    def error(self, message, name):
+        """A problem with the recipe field `name` of this target (where the target sets it, if it does)."""
+        return MobileBuildError(message, file=self.recipe.file, field=self.where(name))
+
     def node(self, stage, name, settings, inputs, output, **extra):
-        """A node of `stage`, its inputs ({role: upstream node, or a repository file}) checked against the stage's
-        contract."""
-        stages.get(stage).check_inputs({role: source.stage if isinstance(source, Node) else stages.FILE
-                                        for role, source in inputs.items()})
-        return Node(stage, name, recipe=self.recipe.name, recipe_file=self.recipe.file, settings=settings,
-                    inputs={role: source.output if isinstance(source, Node) else source
-                            for role, source in inputs.items()},
-                    output=output, **extra)
+        """A node of `stage` for this target's recipe (see checked_node)."""
+        return checked_node(self.recipe, stage, name, settings, inputs, output, **extra)
 
     def shipped(self, stage, settings, inputs, files=()):
         """The node that writes the target's shipped artifact."""
@@ -141,6 +139,14 @@ class Chain:
                          fields=self.fields, interpreter=interpreter,
                          describes={"backend": self.route.backend, "runtime": self.route.runtime,
                                     "target": self.target.id})
+
+    def layers_node(self, settings, inputs, files):
+        """The per-layer comparison's node of this target (a route's `Checks.layers` makes its settings)."""
+        name = f"{self.recipe.name}-{self.target.id}"
+        return self.node("layers", name, settings, {"model": self.nodes["fuse"],
+                                                    "artifact": self.nodes[self.route.final_stage], **inputs},
+                         f"{self.out}/layers-{self.target.id}.json", files=tuple(dict.fromkeys(files)),
+                         fields=self.fields)
 
     def model_inputs(self):
         """The fused model, and its eager quantization where the chain has one."""
@@ -179,6 +185,21 @@ class Chain:
                                    f"mode {takes}", file=self.recipe.file, field=self.where("quantize.mode"))
         return mode
 
+    def final_quantization(self):
+        """{calibration, weights, exclude, observer} and the files they read, of a route that quantizes in its final
+        stage; dynamic mode: {mode, weights, exclude}, no calibration and no files of it (`mode` is keyed only where
+        it is not static: static recipes keep their keys)."""
+        if self.precision != "int8":
+            return {}, self.source_files
+        mode = self.final_mode()
+        exclude, observer = self.quantize_options()
+        weights = self.target.quantize.get("weights")
+        if mode == "dynamic":
+            return {"mode": mode, "weights": weights, "exclude": exclude}, self.source_files
+        calibration, files = self.static_only()
+        return ({"calibration": calibration, "weights": weights, "exclude": exclude, "observer": observer},
+                self.source_files + files)
+
     def static_only(self):
         """The calibration settings of a route that quantizes with calibration data only."""
         if self.target.quantize["mode"] != "static":
@@ -186,6 +207,16 @@ class Chain:
                                    f"expected mode 'static', got {self.target.quantize['mode']!r}",
                                    file=self.recipe.file, field=self.where("quantize.mode"))
         return self.target.quantize["calibration"], self.calibration_files(self.target.quantize)
+
+
+def checked_node(recipe, stage, name, settings, inputs, output, **extra):
+    """A node of `stage` for `recipe`, its inputs ({role: upstream node, or a repository file}) checked against the
+    stage's contract: every node of the graph is made here."""
+    stages.get(stage).check_inputs({role: source.stage if isinstance(source, Node) else stages.FILE
+                                    for role, source in inputs.items()})
+    return Node(stage, name, recipe=recipe.name, recipe_file=recipe.file, settings=settings,
+                inputs={role: source.output if isinstance(source, Node) else source for role, source in inputs.items()},
+                output=output, **extra)
 
 
 def files_below(directory, root):
@@ -244,7 +275,7 @@ def fuse(chain):
 def quantize(chain):
     """Eager quantization with the route's engine, for the int8 targets of routes that quantize that way."""
     route, recipe, settings = chain.route, chain.recipe, chain.target.quantize
-    if chain.precision != "int8" or route.quantizer != "eager":
+    if chain.precision != "int8" or not route.quantizes_eagerly:
         return None
     inputs, files, calibration = {"model": chain.nodes["fuse"]}, (), None
     if settings["mode"] == "static":
@@ -264,75 +295,4 @@ def quantize(chain):
                       files=chain.source_files + files, fields=chain.fields if chain.own_quantization else {})
 
 
-def script(chain):
-    """TorchScript per precision (and engine): the targets of one precision share it. It rebuilds the fused model
-    from the factory: its source is among the node's files."""
-    recipe, route = chain.recipe, chain.route
-    tag = chain.target.id if chain.own_quantization else route.tag(chain.precision)
-    config = stages.ScriptConfig(mode=recipe.script, precision=chain.precision, engine=route.engine,
-                                 quantization=chain.quantization, inputs=recipe.inputs, model=chain.source,
-                                 fuse=recipe.fuse)
-    return chain.node("script", f"{recipe.name}-{tag}", config, chain.model_inputs(),
-                      f"{chain.out}/scripted-{tag}.pt", files=chain.source_files)
-
-
-def optimize(chain):
-    route, recipe = chain.route, chain.recipe
-    config = stages.OptimizeConfig(backend=route.backend, engine=route.engine if chain.precision == "int8" else None,
-                                   options=chain.target.optimize, script_mode=recipe.script, inputs=recipe.inputs)
-    return chain.shipped("optimize", config, {"scripted": chain.nodes["script"]})
-
-
-def nnapi(chain):
-    settings = chain.settings
-    config = stages.NnapiConfig(precision=chain.precision, inputs=chain.recipe.inputs, mode=settings["mode"],
-                                engine=chain.route.engine, quantization=chain.quantization,
-                                options={"bundled_inputs": chain.target.optimize["bundled_inputs"]},
-                                model=chain.source, fuse=chain.recipe.fuse)
-    return chain.shipped("nnapi", config, chain.model_inputs(), files=chain.source_files)
-
-
-def _final_quantization(chain):
-    """{calibration, weights, exclude, observer} and the files they read, of a route that quantizes in its final
-    stage; dynamic mode: {mode, weights, exclude}, no calibration and no files of it (`mode` is keyed only where it is
-    not static: static recipes keep their keys)."""
-    if chain.precision != "int8":
-        return {}, chain.source_files
-    mode = chain.final_mode()
-    exclude, observer = chain.quantize_options()
-    weights = chain.target.quantize.get("weights")
-    if mode == "dynamic":
-        return {"mode": mode, "weights": weights, "exclude": exclude}, chain.source_files
-    calibration, files = chain.static_only()
-    return ({"calibration": calibration, "weights": weights, "exclude": exclude, "observer": observer},
-            chain.source_files + files)
-
-
-def lower(chain):
-    quantization, files = _final_quantization(chain)
-    options = chain.settings
-    delegate = options.pop("delegate", chain.route.delegate)
-    if delegate != chain.route.delegate:  # another delegate's quantizer: its own observers and module selection
-        for key in ("exclude", "observer"):
-            if quantization.get(key):
-                raise MobileBuildError(f"the {delegate} delegate's int8 recipe quantizes with its own quantizer, "
-                                       f"which takes no {key}: leave it out for this target", file=chain.recipe.file,
-                                       field=chain.where(f"quantize.{key}"))
-        if quantization.get("mode") == "dynamic":
-            raise MobileBuildError(f"the {delegate} delegate's int8 recipe is static (calibrated): mode 'dynamic' is "
-                                   f"{chain.route.delegate}'s; use mode 'static' for this target",
-                                   file=chain.recipe.file, field=chain.where("quantize.mode"))
-    config = stages.LowerConfig(precision=chain.precision, inputs=chain.recipe.inputs, delegate=delegate,
-                                options=options, model=chain.source, fuse=chain.recipe.fuse, **quantization)
-    return chain.shipped("lower", config, {"model": chain.nodes["fuse"]}, files=files)
-
-
-def export(chain):
-    quantization, files = _final_quantization(chain)
-    options = chain.settings
-    if options.get("exporter") == "dynamo":  # the default, written out: the same node as a recipe without it
-        del options["exporter"]
-    config = stages.ExportConfig(precision=chain.precision, inputs=chain.recipe.inputs, options=options,
-                                 model=chain.source, fuse=chain.recipe.fuse, outputs=chain.recipe.outputs,
-                                 **quantization)
-    return chain.shipped("export", config, {"model": chain.nodes["fuse"]}, files=files)
+CHAIN = (prune, fuse, quantize)  # before every route's own stages

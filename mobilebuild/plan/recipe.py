@@ -99,8 +99,8 @@ def _schema(route_keys):
     target["backend"]["enum"] = list(routes.backends())
     target["runtime"]["enum"] = list(routes.runtimes())
     for route in routes.all_routes():
-        if route.settings and route.settings not in target:
-            target[route.settings] = route.settings_schema or {"type": "object", "default": {}}
+        if route.section and route.section.name not in target:
+            target[route.section.name] = route.section.schema or {"type": "object", "default": {}}
     return found
 
 

@@ -1,10 +1,10 @@
 """The registry of targets: one `Route` per backend x runtime, the single entry everything else derives from.
 
-From a route come the stages after the fused model (and so the doit task groups), the recipe grammar's backends and
-target sections, the runtime module that loads or inspects the artifact in verify and bench, what `mobilebuild
-check` runs for the target, the report's structure column and the package versions that key its nodes. Adding a
-target means one `register(Route(...))` and, at most, one stage module (with its contract, `plan.stages`) and one
-runtime module. No torch here.
+A route family (TorchScript, NNAPI, ExecuTorch, ONNX Runtime...) is one module under `mobilebuild.routes` that
+registers its routes with everything about them: its own final stages and their planners (plan.stages), how it
+makes int8, the runtime that loads its artifacts, its per-layer diagnosis, its `mobilebuild check`, its report family
+and structure column, the packages whose versions key its nodes and its recipe section. The rest of the package asks
+the route and never compares backend names. A project's dodo.py registers its own the same way. No torch here.
 """
 
 from collections.abc import Callable
@@ -15,7 +15,68 @@ from mobilebuild.plan.registry import Registry
 
 DEVICE_ONLY = "runs only on {where}; the host checks that the artifact loads and records its structure"
 RUNTIMES_PACKAGE = "mobilebuild.worker.runtimes"
-CHECKS = "mobilebuild.preflight.targets:TargetCheck"
+
+
+@dataclass(frozen=True)
+class Int8:
+    """How a route makes int8. "eager": the quantize stage, with `engine`'s qconfig, before the route's stages;
+    "final": the final stage quantizes itself from the recipe's calibration data (pt2e, onnxruntime)."""
+
+    by: str
+    engine: str | None = None
+    # quantize.observer's choices, the default first (empty: it takes no observer setting)
+    observers: tuple = ()
+    # quantize.mode's choices where the final stage quantizes: static (calibrated) and, where its stage has it,
+    # dynamic (weights int8 ahead of time, activations quantized at run time; no calibration)
+    modes: tuple = ("static",)
+    fixed_shapes: str | None = None  # why its static int8 artifacts take the example's sizes only
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where a route's artifacts run, and what people are told about them."""
+
+    name: str  # the runtime's name in results, and its worker module's under mobilebuild.worker.runtimes
+    family: str  # the report's name for it ("ExecuTorch")
+    module: str | None = None  # a worker-side runtime module elsewhere (one that comes with a project's route)
+    device_only: str | None = None  # where it runs, when the host cannot run it
+    fixed_shapes: str | None = None  # why its artifacts take the example's sizes only (no dynamic dims)
+    packages: tuple = ()  # the packages besides torch whose versions shape the artifact
+    package: str | None = None  # the one that names the runtime's version in `mobilebuild check`'s header
+    structure: Callable | None = None  # verify's host facts about the artifact -> one line for the report
+
+    @property
+    def module_path(self):
+        return self.module or f"{RUNTIMES_PACKAGE}.{self.name.replace('-', '_')}"
+
+
+@dataclass(frozen=True)
+class Section:
+    """The target's own section of settings for a route (`nnapi:`, `onnx:`...), with its JSON Schema."""
+
+    name: str
+    schema: dict | None = None
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a route adds to the build and to `mobilebuild check`, each a function or None."""
+
+    # the per-layer diagnosis node of an int8 target: (chain, verification settings, files) -> Node or None
+    layers: Callable | None = None
+    layer_methods: dict | None = None  # the layers results' method names -> how the report describes each
+    # `mobilebuild check` for one target: (preflight.targets.TargetCheck) -> None, adding findings and notes
+    preflight: Callable | None = None
+    # a hint appended to a build error or fallback line: (TargetCheck, text) -> str
+    hint: Callable | None = None
+    # the interface findings of its outputs: (say, tree, context) -> [findings]; see preflight.interface
+    outputs: Callable | None = None
+    input_dtypes: tuple | None = None  # the input dtypes it takes; None: every dtype
+    input_dtypes_why: str | None = None  # ... and why, for the others
+    # the on-device benchmark settings of a target: (recipe benchmark.device settings) -> dict or None
+    device: Callable | None = None
+    # why a recipe's artifact takes the example's sizes only, beyond the runtime's and int8's: (recipe) -> str or None
+    fixed_shapes: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -26,28 +87,13 @@ class Route:
     stages: tuple  # the stages from the fused model to the shipped artifact, the last one writing it
     suffix: str
     summary: str
-    # How int8 is made: "eager" = the quantize stage with this engine's qconfig, before `stages`;
-    # "final" = the final stage quantizes itself from the recipe's calibration data (pt2e, onnxruntime).
-    quantizer: str | None = None
-    engine: str | None = None
+    runs: Runtime
+    int8: Int8 | None = None
     delegate: str | None = None  # ExecuTorch's partitioner
-    loader: str | None = None  # the runtime's name in results, and its module's under mobilebuild.worker.runtimes
-    runtime_module: str | None = None  # a runtime module elsewhere (one that comes with its route)
-    device_only: str | None = None  # where it runs, when the host cannot run it
-    fixed_shapes: str | None = None  # why its artifacts take the example's sizes only (no dynamic dims)
-    int8_fixed_shapes: str | None = None  # the same, for its static (calibrated) int8 artifacts only
-    settings: str | None = None  # the target's own section of settings for this route (`nnapi:`, `onnx:`...)
-    settings_schema: dict | None = None  # its JSON Schema, for a section the recipe schema does not declare
+    section: Section | None = None
     # The target's precision when the route takes it from its own settings rather than `precision:` (NNAPI's mode).
     precision_of: Callable | None = None
-    preflight: str | None = None  # "module:function" that `mobilebuild check` runs for the target
-    structure: Callable | None = None  # verify's host facts about the artifact -> one line for the report
-    distributions: tuple = ()  # the packages besides torch whose versions shape the artifact
-    # quantize.observer's choices for its int8 artifacts, its default first (empty: it takes no observer setting)
-    observers: tuple = ()
-    # quantize.mode's choices where the final stage quantizes (quantizer "final"): static (calibrated) and, where its
-    # stage has it, dynamic (weights int8 ahead of time, activations quantized at run time; no calibration)
-    final_modes: tuple = ("static",)
+    checks: Checks = Checks()
     default: bool = False  # the backend's runtime when a target names none
 
     @property
@@ -60,15 +106,36 @@ class Route:
 
     @property
     def runs_on_host(self):
-        return self.device_only is None
+        return self.runs.device_only is None
 
     @property
     def host_reason(self):
-        return DEVICE_ONLY.format(where=self.device_only) if self.device_only else None
+        return DEVICE_ONLY.format(where=self.runs.device_only) if self.runs.device_only else None
 
     @property
-    def runtime_module_path(self):
-        return self.runtime_module or f"{RUNTIMES_PACKAGE}.{self.loader.replace('-', '_')}"
+    def settings(self):
+        """The name of its target section, or None."""
+        return self.section.name if self.section else None
+
+    @property
+    def engine(self):
+        return self.int8.engine if self.int8 else None
+
+    @property
+    def quantizes_eagerly(self):
+        return self.int8 is not None and self.int8.by == "eager"
+
+    @property
+    def quantizes_in_final_stage(self):
+        return self.int8 is not None and self.int8.by == "final"
+
+    @property
+    def observers(self):
+        return self.int8.observers if self.int8 else ()
+
+    @property
+    def final_modes(self):
+        return self.int8.modes if self.int8 else ("static",)
 
     def precision(self, target):
         if self.precision_of is not None:
@@ -76,46 +143,32 @@ class Route:
         return target.precision or self.precisions[0]
 
     def tag(self, precision):
-        engine = self.engine if precision == "int8" and self.quantizer == "eager" else None
+        engine = self.engine if precision == "int8" and self.quantizes_eagerly else None
         return f"{precision}-{engine}" if engine else precision
 
+    def fixed_shape(self, recipe, precision, mode="static"):
+        """Why this route's artifact in `precision` (int8: quantized in quantize.mode `mode`) takes only the
+        example's sizes of a recipe's dynamic dims (naming them), or None."""
+        dims = sorted({dim["dim"] for spec in recipe.inputs for dim in spec.get("dynamic", ())})
+        if not dims:
+            return None
+        why = self.runs.fixed_shapes
+        if why is None and precision == "int8" and self.int8 and mode == "static":
+            why = self.int8.fixed_shapes
+        if why is None and self.checks.fixed_shapes is not None:
+            why = self.checks.fixed_shapes(recipe)
+        if why is None:
+            return None
+        return f"dim{'s' if len(dims) > 1 else ''} {', '.join(dims)} fixed at the example size: {why}"
 
-# --- the report's structure column: what the host read from the artifact (verify's "artifact" facts), which the
-# report reads from files it does not trust: every level is checked to be what it should be.
 
-def _mapping(value):
+def mapping(value):
+    """A level of facts read from a file the reader does not trust: a dict, or an empty one."""
     return value if isinstance(value, dict) else {}
 
 
-def _text(value):
+def text(value):
     return "—" if value is None or value == "" else str(value)
-
-
-def delegation_structure(facts):
-    delegation = _mapping(facts.get("delegation"))
-    if not delegation:
-        return ""
-    counts = _mapping(delegation.get("delegates")).items()
-    delegates = ", ".join(f"{_text(count)} {name} call(s)" for name, count in counts)
-    return f"{delegates or 'nothing delegated'}; {_text(delegation.get('fallback_calls'))} op(s) outside the delegate"
-
-
-def nnapi_structure(facts):
-    model = _mapping(facts.get("nnapi_model"))
-    if not model:
-        return ""
-    return f"NNAPI model: {_text(model.get('operations'))} operations, {_text(model.get('operands'))} operands"
-
-
-def onnx_structure(facts):
-    if facts.get("quantized_nodes") is None:
-        return ""
-    return f"{_text(facts.get('quantized_nodes'))} of {_text(facts.get('nodes'))} nodes quantized"
-
-
-def nnapi_precision(target):
-    """The NNAPI blog's modes: only "none" keeps the float model."""
-    return "fp32" if target.settings.get("nnapi", {}).get("mode", "none") == "none" else "int8"
 
 
 _ROUTES = Registry("route")
@@ -155,7 +208,22 @@ def final_stages():
 
 def distributions():
     """Every package whose version can change an artifact's bytes, in registration order."""
-    return tuple(dict.fromkeys(("torch", "torchvision", *(d for r in _ROUTES.all() for d in r.distributions))))
+    return tuple(dict.fromkeys(("torch", "torchvision", *(d for r in _ROUTES.all() for d in r.runs.packages))))
+
+
+def runtime_packages():
+    """The packages that name the registered runtimes' versions (torch first)."""
+    return tuple(dict.fromkeys(("torch", *(r.runs.package for r in _ROUTES.all() if r.runs.package))))
+
+
+def families():
+    """{a recipe's runtime name: the report's family name}."""
+    return {route.runtime: route.runs.family for route in _ROUTES.all()}
+
+
+def layer_methods():
+    """{a layers result's method name: how the report describes it}."""
+    return {name: text for route in _ROUTES.all() for name, text in (route.checks.layer_methods or {}).items()}
 
 
 def route_for(target, recipe_file):
@@ -177,62 +245,3 @@ def route_for(target, recipe_file):
             f"precision {target.precision!r} is not available for {found.backend} ({found.runtime}); expected one "
             f"of {', '.join(found.precisions)}", file=recipe_file, field=f"{where}.precision")
     return found
-
-
-TORCHSCRIPT = ("script", "optimize")
-# ExecuTorch 1.3.1's export recipe quantizes a graph it captures without dynamic shapes (QuantizeStage); dynamic
-# int8 is quantized by the lower stage itself on a graph captured with them, and keeps them
-ET_INT8_FIXED = "ExecuTorch's int8 export recipe captures the model at the example's sizes"
-EXECUTORCH = ("executorch", "torchao", "coremltools")
-ONNX = ("onnx", "onnxscript", "onnxruntime")
-# Activation observers (quantize.observer), each route's default first: torch.ao's (eager and FX graph mode) and
-# torchao's (PT2E) HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver; onnxruntime's CalibrationMethod
-# MinMax (moving_average: with CalibMovingAverage) and Percentile. Not its Entropy: quantize_static gives it 128
-# histogram bins for 128 quantized bins, which leaves one candidate range, MinMax's (identical scales, measured);
-# nor Distribution, which it computes for float8 types (0.6 dB where MinMax gave 4.7 on an int8 model)
-TORCH_OBSERVERS = ("histogram", "minmax", "moving_average")
-ORT_OBSERVERS = ("minmax", "moving_average", "percentile")
-# ExecuTorch's XNNPackRecipeType.PT2E_INT8_DYNAMIC_PER_CHANNEL; onnxruntime's quantize_dynamic
-FINAL_MODES = ("static", "dynamic")
-
-for _route in (
-    Route("xnnpack", "pytorch-mobile", ("fp32",), TORCHSCRIPT, ".ptl",
-          "fp32 CPU through XNNPACK prepacked kernels, TorchScript lite interpreter", loader="pytorch-mobile",
-          default=True, preflight=f"{CHECKS}.pytorch_mobile"),
-    Route("qnnpack", "pytorch-mobile", ("int8",), TORCHSCRIPT, ".ptl",
-          "int8 CPU through QNNPACK, eager post-training quantization, TorchScript lite interpreter",
-          quantizer="eager", engine="qnnpack", loader="pytorch-mobile", default=True,
-          preflight=f"{CHECKS}.pytorch_mobile", observers=TORCH_OBSERVERS),
-    Route("vulkan", "pytorch-mobile", ("fp32",), TORCHSCRIPT, ".ptl",
-          "GPU through Vulkan, optimize_for_mobile(backend='vulkan'); needs a torch built with USE_VULKAN=1 "
-          "(a `toolchain:` interpreter)", loader="pytorch-mobile", device_only="an Android GPU with Vulkan",
-          default=True, preflight=f"{CHECKS}.pytorch_mobile"),
-    Route("metal", "pytorch-mobile", ("fp32",), TORCHSCRIPT, ".ptl",
-          "Apple GPU through Metal, optimize_for_mobile(backend='metal'); needs a torch built with the Metal export "
-          "ops (a `toolchain:` interpreter)", loader="pytorch-mobile", device_only="an iPhone or iPad GPU (Metal)",
-          default=True, preflight=f"{CHECKS}.pytorch_mobile"),
-    Route("nnapi", "pytorch-mobile", ("fp32", "int8"), ("nnapi",), ".ptl",
-          "Android NNAPI (accelerators) through torch.backends._nnapi, traced NHWC, lite interpreter",
-          quantizer="eager", engine="qnnpack", loader="nnapi", device_only="an Android 8.1+ device with NNAPI",
-          settings="nnapi", precision_of=nnapi_precision, default=True, preflight=f"{CHECKS}.nnapi",
-          structure=nnapi_structure, fixed_shapes="the NNAPI converter takes the example's sizes",
-          observers=TORCH_OBSERVERS),
-    Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
-          "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)",
-          quantizer="final", delegate="xnnpack", loader="executorch", settings="executorch",
-          preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH,
-          int8_fixed_shapes=ET_INT8_FIXED, observers=TORCH_OBSERVERS, final_modes=FINAL_MODES),
-    Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte",
-          "GPU through ExecuTorch's Vulkan delegate", delegate="vulkan", loader="executorch",
-          device_only="a device with a Vulkan GPU and ExecuTorch's Vulkan runtime", settings="executorch",
-          preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH),
-    Route("metal", "executorch", ("fp32",), ("lower",), ".pte",
-          "Apple GPU / Neural Engine through ExecuTorch's Core ML delegate (or MPS)", delegate="coreml",
-          loader="executorch", device_only="an Apple device (Core ML / MPS)", settings="executorch",
-          preflight=f"{CHECKS}.executorch", structure=delegation_structure, distributions=EXECUTORCH),
-    Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
-          "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
-          quantizer="final", loader="onnxruntime", settings="onnx", default=True, preflight=f"{CHECKS}.onnx",
-          structure=onnx_structure, distributions=ONNX, observers=ORT_OBSERVERS, final_modes=FINAL_MODES),
-):
-    register(_route)

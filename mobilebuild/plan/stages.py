@@ -7,7 +7,6 @@ worker side (`run(inputs, config, output)`, `config` an instance of the stage's 
 """
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,7 +16,6 @@ from mobilebuild.plan.registry import Registry
 FILE = "file"  # an input that is a file of the repository (a checkpoint), not a node's output
 SHIPPED = "shipped"  # an input that is a route's shipped artifact, whichever stage wrote it
 STAGES_PACKAGE = "mobilebuild.worker.stages"
-CHAINS = "mobilebuild.plan.chain"  # the built-in stages' planners
 
 
 # --- the settings each stage reads -------------------------------------------------------------------------------
@@ -70,66 +68,9 @@ class QuantizeConfig:
     observer: str | None = when_set()  # quantize.observer: the activation observer; None: the engine's default
 
 
-@dataclass(frozen=True)
-class ScriptConfig:
-    mode: str  # script | trace
-    precision: str
-    engine: str | None
-    quantization: dict | None  # {mode, weights}: how to rebuild the quantized model
-    inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
 
 
-@dataclass(frozen=True)
-class OptimizeConfig:
-    backend: str
-    engine: str | None
-    options: dict  # the target's `optimize`: blocklist, preserved_methods, bundled_inputs
-    script_mode: str
-    inputs: list  # the inputs' specs (plan.recipe.input_specs)
 
-
-@dataclass(frozen=True)
-class NnapiConfig:
-    precision: str
-    inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    mode: str  # none | core | full
-    engine: str
-    quantization: dict | None
-    options: dict  # bundled_inputs
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
-
-
-@dataclass(frozen=True)
-class LowerConfig:
-    precision: str
-    inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    delegate: str
-    options: dict  # the delegate's options
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
-    calibration: dict | None = None  # int8, static
-    weights: str | None = None
-    exclude: list | None = when_set()  # int8: quantize.exclude
-    observer: str | None = when_set()  # int8: quantize.observer
-    mode: str = when_set("static")  # int8: quantize.mode, static (calibrated) or dynamic (int8 activations at run time)
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    precision: str
-    inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    options: dict  # targets.onnx: opset, exporter (each only where set: other recipes keep their keys)
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
-    calibration: dict | None = None  # int8, static
-    weights: str | None = None
-    outputs: list | None = None  # the ONNX output names
-    exclude: list | None = when_set()  # int8: quantize.exclude
-    observer: str | None = when_set()  # int8: quantize.observer (onnxruntime's calibration method)
-    mode: str = when_set("static")  # int8: quantize.mode, static (quantize_static) or dynamic (quantize_dynamic)
 
 
 @dataclass(frozen=True)
@@ -262,8 +203,8 @@ class Stage:
     doc: str  # the task group's help line
     colour: str  # in `doit graph`
     module: str | None = None  # the worker-side module that runs it; default mobilebuild.worker.stages.<name>
-    # Its node in a target's chain: (plan.chain.Chain) -> Node or None, or "module:function" naming one.
-    plan: Callable | str | None = None
+    # Its node in a target's chain: (plan.chain.Chain) -> Node or None
+    plan: Callable | None = None
     in_process: bool = False  # runs in the build's own process: it reads results, no tensors
     measures: bool = False  # takes the host lock itself, for its measurement only (worker/measure_alone.py)
     cached: bool = True  # whether the shared artifact cache may hold its output
@@ -278,9 +219,6 @@ class Stage:
         return self.module or f"{STAGES_PACKAGE}.{self.name}"
 
     def planner(self):
-        if isinstance(self.plan, str):
-            module, _, function = self.plan.partition(":")
-            return getattr(importlib.import_module(module), function)
         return self.plan
 
     def check_inputs(self, inputs):
@@ -324,30 +262,12 @@ for _stage in (
           recipe_fields={"seed": "model.seed"}),
     Stage("prune", PruneConfig, {"checkpoint": ("checkpoint",)},
           "Prune Conv/Linear weights (torch.nn.utils.prune, made permanent) for recipes or targets that ask.",
-          "#f9cb9c", plan=f"{CHAINS}:prune", form="weights"),
+          "#f9cb9c", form="weights"),
     Stage("fuse", FuseConfig, {"checkpoint": ("checkpoint", "prune")},
-          "Fold batch norm and fuse Conv/Linear-BN-ReLU sequences in eager mode.", "#fff2cc",
-          plan=f"{CHAINS}:fuse", form="weights"),
+          "Fold batch norm and fuse Conv/Linear-BN-ReLU sequences in eager mode.", "#fff2cc", form="weights"),
     Stage("quantize", QuantizeConfig, {"model": ("fuse",), "trained": (FILE,)},
-          "Static post-training quantization per engine.", "#d9ead3",
-          plan=f"{CHAINS}:quantize", form="weights", recipe_fields={"mode": "quantize.mode"}),
-    Stage("script", ScriptConfig, {"model": ("fuse",), "quantized": ("quantize",)},
-          "TorchScript per precision (script or trace).", "#d0e0e3",
-          plan=f"{CHAINS}:script", form="torchscript", recipe_fields={"mode": "script"}),
-    Stage("optimize", OptimizeConfig, {"scripted": ("script",)},
-          "optimize_for_mobile per target, saved for the lite interpreter (.ptl).", "#c9daf8",
-          plan=f"{CHAINS}:optimize", recipe_fields={"options": "targets.optimize"}),
-    Stage("nnapi", NnapiConfig, {"model": ("fuse",), "quantized": ("quantize",)},
-          "NNAPI models (traced NHWC, converted by torch.backends._nnapi) with bundled inputs (.ptl).", "#a4c2f4",
-          plan=f"{CHAINS}:nnapi", recipe_fields={"mode": "targets.nnapi.mode", "options": "targets.optimize"}),
-    Stage("lower", LowerConfig, {"model": ("fuse",)},
-          "ExecuTorch programs (.pte) lowered to their delegate: XNNPACK, Vulkan, Core ML or MPS.", "#9fc5e8",
-          plan=f"{CHAINS}:lower",
-          recipe_fields={"options": "targets.executorch", "delegate": "targets.executorch.delegate",
-                         "mode": "quantize.mode"}),
-    Stage("export", ExportConfig, {"model": ("fuse",)},
-          "ONNX models (.onnx), int8 through onnxruntime's static or dynamic quantization.", "#a2c4c9",
-          plan=f"{CHAINS}:export", recipe_fields={"options": "targets.onnx", "mode": "quantize.mode"}),
+          "Static post-training quantization per engine.", "#d9ead3", form="weights",
+          recipe_fields={"mode": "quantize.mode"}),
     Stage("verify", VerifyConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint", "prune"),
                                    "unpruned": ("checkpoint",)},
           "Compare each artifact with the fp32 eager model in its runtime (SQNR, cosine, max error, top-1, "
@@ -365,6 +285,6 @@ for _stage in (
           "sha256 and size.", "#eeeeee", in_process=True, cached=False),
     # Keyed on the manifest: only a recipe whose results changed is drawn again; a fresh checkout fetches the rest.
     Stage("plot", PlotConfig, {"manifest": ("manifest",)}, "artifacts/plots/<recipe>.png: host latency, and size "
-          "and quality against it, per recipe.", "#eeeeee", module="mobilebuild.results.plots", in_process=True),
+          "and quality against it, per recipe.", "#eeeeee", in_process=True),
 ):
     register(_stage)

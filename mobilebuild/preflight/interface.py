@@ -14,13 +14,14 @@ Each statement was checked on builds of tiny models (torch 2.12.1, ExecuTorch 1.
   serialize a named tuple output ("Can't serialize TreeSpec of namedtuple class").
 - ONNX has flat, named outputs: the recipe's `outputs`, else each tensor's path (dict keys, named tuple fields,
   positions: "scores", "0", "1.0"). A flat tuple or list of tensors is the same in every runtime: nothing to say.
-- Dynamic dims: plan.graph.fixed_shape says which routes take only the example's sizes, and why.
+- Dynamic dims: plan.routes.Route.fixed_shape says which routes take only the example's sizes, and why.
 """
+
+from dataclasses import dataclass
 
 from mobilebuild.preflight.advice import finding
 
 KIND = "interface"
-NNAPI_INPUT_DTYPES = ("float32", "int32")  # what torch.backends._nnapi's serializer takes (and quantized tensors)
 INTEGER_DTYPES = ("int64", "int32", "uint8", "bool")
 SHOWN_NAMES = 6  # output names listed before "..."
 
@@ -96,9 +97,10 @@ def input_findings(target_id, route, precision, inputs):
     found = []
     for index, spec in enumerate(inputs):
         dtype, where = spec["dtype"], f"{_input_field(inputs, index)}.dtype"
-        if route.backend == "nnapi" and dtype not in NNAPI_INPUT_DTYPES:
-            found.append(finding(target_id, KIND, f"{spec['name']} ({dtype}) cannot be kept: torch.backends._nnapi "
-                                 "converts float32, int32 and quantized input tensors only", where))
+        takes = route.checks.input_dtypes
+        if takes is not None and dtype not in takes:
+            found.append(finding(target_id, KIND, f"{spec['name']} ({dtype}) cannot be kept: "
+                                 f"{route.checks.input_dtypes_why}", where))
         elif precision == "int8" and dtype in INTEGER_DTYPES:
             found.append(finding(target_id, KIND, f"{spec['name']} ({dtype}) enters the int8 model as it is: int8 "
                                  "quantization quantizes float inputs only", where))
@@ -106,7 +108,7 @@ def input_findings(target_id, route, precision, inputs):
 
 
 def dim_findings(target_id, fixed, inputs):
-    """One finding per dynamic dim the route fixes at its example size; `fixed`: plan.graph.fixed_shape's sentence
+    """One finding per dynamic dim the route fixes at its example size; `fixed`: Route.fixed_shape's sentence
     for the target ("dims a, b fixed at the example size: why"), or None."""
     if not fixed:
         return []
@@ -120,50 +122,58 @@ def dim_findings(target_id, fixed, inputs):
             for name, (example, low, high) in sorted(dims.items())]
 
 
+@dataclass(frozen=True)
+class Outputs:
+    """A model's output structure as a route's `Checks.outputs` judges it: the route returns `say(detail)` for what
+    its runtime cannot return as the model does, else []."""
+
+    target_id: str
+    route: object
+    precision: str
+    quantize: dict  # the target's quantize settings
+    script: str  # the recipe's script mode
+    own_stubs: bool  # the model has its own QuantStub/DeQuantStub
+    made: bool  # the artifact was made (an int8 model quantized in FX graph mode, not eager, compiles)
+    tree: object
+
+    @property
+    def shape(self):
+        return describe(self.tree)
+
+    @property
+    def container(self):
+        return kinds(self.tree)
+
+    @property
+    def names(self):
+        return leaf_names(self.tree)
+
+    @property
+    def nested(self):
+        return _nested(self.tree)
+
+    @property
+    def flat(self):
+        """A tuple or a list of tensors: the same in every runtime."""
+        return not (self.container & {"dict", "namedtuple"} or self.nested)
+
+    def say(self, detail):
+        return [finding(self.target_id, KIND, f"outputs are {self.shape}: {detail}", "outputs")]
+
+
 def output_findings(target_id, route, precision, target_quantize, script, model, made):
     """The output structure a target's runtime cannot return as the model does. `model`: the structure facts
-    ("outputs", "own_stubs"); `made`: whether the artifact was made (an int8 model quantized in FX graph mode, not
-    eager, compiles)."""
+    ("outputs", "own_stubs"); `made`: whether the artifact was made."""
     tree = model.get("outputs")
-    if tree is None or tree == "tensor":
+    if tree is None or tree == "tensor" or route.checks.outputs is None:
         return []
-    shape, container = describe(tree), kinds(tree)
-    names = leaf_names(tree)
-
-    def say(detail):
-        return [finding(target_id, KIND, f"outputs are {shape}: {detail}", "outputs")]
-
-    if route.backend == "nnapi":
-        if container - {"tuple", "namedtuple"} or _nested(tree):
-            return say("NNAPI cannot return them: the converter returns a tensor or a flat tuple of tensors (return "
-                       "a tuple)")
-        if "namedtuple" in container:
-            return say("NNAPI returns a plain tuple: the field names are lost")
-        return []
-    if "script" in route.stages:  # TorchScript
-        if (precision == "int8" and route.quantizer == "eager" and script == "script" and not made
-                and target_quantize.get("mode", "static") == "static" and not model.get("own_stubs")):
-            return say("eager int8 dequantizes each output in a wrapper torch.jit.script cannot compile; "
-                       "`script: trace` keeps the structure")
-        if script == "trace" and "namedtuple" in container:
-            return say("traced TorchScript returns a named tuple as a plain tuple (the field names are lost); "
-                       "`script: script` keeps them")
-        return []
-    flat = not (container & {"dict", "namedtuple"} or _nested(tree))  # a tuple or a list of tensors: kept
-    if route.runtime == "executorch":
-        if "namedtuple" in container:
-            return say("ExecuTorch cannot serialize a named tuple output (return a tuple or a dict)")
-        if not flat:
-            return say(f"ExecuTorch returns a flat list of {len(names)} tensors, in this order: {', '.join(names)}")
-    if route.runtime == "onnxruntime" and not flat:
-        return say(f"ONNX has {len(names)} flat outputs, named {', '.join(names)} (the recipe's `outputs` renames "
-                   "them)")
-    return []
+    return route.checks.outputs(Outputs(target_id, route, precision, target_quantize, script,
+                                        bool(model.get("own_stubs")), made, tree))
 
 
 def findings(target, route, recipe, model, made, fixed):
     """Every interface finding of one target. `model`: the structure facts; `made`: its artifact was made; `fixed`:
-    plan.graph.fixed_shape's sentence for the target, or None."""
+    Route.fixed_shape's sentence for the target, or None."""
     precision = route.precision(target)
     return (input_findings(target.id, route, precision, recipe.inputs)
             + dim_findings(target.id, fixed, recipe.inputs)

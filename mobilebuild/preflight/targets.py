@@ -1,18 +1,16 @@
 """What one target's shipped artifact, once the build's own tasks have made it (shipped.py), and the model's structure
-say for that target. The route names the check it gets (`Route.preflight`, a method of TargetCheck here, or a function
-of its own stage module taking the TargetCheck); every target whose artifact was made and runs on this host is then
+say for that target. The route brings the check it gets (`Checks.preflight`, a function of its route module taking the
+TargetCheck); every target whose artifact was made and runs on this host is then
 loaded and run once in its runtime, as verify would, unless the build's verify already ran those very bytes here (its
 result is up to date): then its recorded outcome stands, as do the delegation facts it read from an ExecuTorch
 program. Where verify would then fail the target on the recipe itself (its evaluation data, its output names:
 verification.py), the target is blocked on its verify task, as the build fails it. torch, ExecuTorch and the stages
 are imported only where something is left to compute."""
 
-import importlib
 import os
 from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.plan import graph
 from mobilebuild.preflight.advice import activation_findings, finding
 from mobilebuild.preflight.interface import findings as interface_findings
 from mobilebuild.preflight.recorded import (
@@ -22,7 +20,7 @@ from mobilebuild.preflight.recorded import (
     remember_quantized_note,
     verify_result,
 )
-from mobilebuild.worker import measure_alone, pte, runtimes
+from mobilebuild.worker import measure_alone, runtimes
 
 
 class TargetCheck:
@@ -50,18 +48,14 @@ class TargetCheck:
         self.facts.update(artifact=self.artifact.output, made=outcome.made)
         self.built = outcome.made != "failed"
         if not self.built:
-            self.add("build-fails", outcome.error + self._layout_hint(outcome.error), outcome.failed_task)
+            self.add("build-fails", outcome.error + self.hint(outcome.error), outcome.failed_task)
         else:
             self.recorded_verify(outcome)
-        if self.route.preflight is None:
+        if self.route.checks.preflight is None:
             self.notes.append(f"no pre-flight check of its own for {self.route.backend} ({self.route.runtime}): the "
                               "build's tasks are all it ran")
         else:
-            module, _, name = self.route.preflight.partition(":")
-            check = importlib.import_module(module)
-            for part in name.split("."):
-                check = getattr(check, part)
-            check(self)
+            self.route.checks.preflight(self)
         if self.built:
             problem = self.verify_problem()
             if problem and not problem.after_run:
@@ -70,8 +64,8 @@ class TargetCheck:
             # verify names the outputs once it has run the artifact: one that cannot run fails it first
             if problem and problem.after_run and not any(item["kind"] == "cannot-run" for item in self.findings):
                 self.add("build-fails", problem.line, problem.task)
-        fixed = graph.fixed_shape(self.model.recipe, self.route, self.route.precision(self.target),
-                                  self.target.quantize.get("mode", "static"))
+        fixed = self.route.fixed_shape(self.model.recipe, self.route.precision(self.target),
+                                       self.target.quantize.get("mode", "static"))
         self.findings += interface_findings(self.target, self.route, self.model.recipe,
                                             {"outputs": self.model.outputs_structure,
                                              "own_stubs": self.model.own_stubs}, self.built, fixed)
@@ -105,7 +99,7 @@ class TargetCheck:
         host's runtime cannot load or run (a missing kernel) cannot run. Where the build's verify, up to date, ran
         these very bytes on this host (it passed or missed its thresholds: it loaded and ran), its outcome stands."""
         if not self.route.runs_on_host:
-            self.notes.append(f"not run here: it runs only on {self.route.device_only}")
+            self.notes.append(f"not run here: it runs only on {self.route.runs.device_only}")
             return
         if self.artifact.interpreter:
             self.notes.append(f"not run here: the target's toolchain {self.target.toolchain} built it, and its "
@@ -175,62 +169,10 @@ class TargetCheck:
         return (f"int8: eager mode cannot quantize the model, so the build quantized it in FX graph mode; operations "
                 f"kept float: {floats}")
 
-    # PyTorch Mobile: optimize_for_mobile for CPU (XNNPACK, QNNPACK) or GPU (Vulkan, Metal)
+    def activation_advice(self, label):
+        """The advice table's findings about the model's activations on the route `label` names."""
+        self.findings += activation_findings(self.target.id, label, self.model.activations)
 
-    def pytorch_mobile(self):
-        route, target = self.route, self.target
-        if self.built and route.precision(target) == "int8":
-            self.quantization_note()
-        self.findings += activation_findings(target.id, f"{route.backend}/{route.runtime}", self.model.activations)
-        (first, *others) = self.model.inputs
-        if route.backend == "xnnpack" and not others and first["memory_format"] != "channels_last" \
-                and len(first["shape"]) == 4 and not self.model.converts_to_nhwc:
-            self.add("advice", "the input is NCHW (contiguous): XNNPACK computes in NHWC and converts around every "
-                               "convolution (MobileNetV2 here: about 415 ms against 28 ms); set "
-                               "input.memory_format: channels_last (the performance recipe, step 4)",
-                     "input.memory_format")
-
-    # NNAPI: torch.backends._nnapi, traced NHWC
-
-    def nnapi(self):
-        if self.built and self.route.precision(self.target) == "int8":
-            self.quantization_note()
-        self.findings += activation_findings(self.target.id, "nnapi/pytorch-mobile", self.model.activations)
-
-    # ExecuTorch: what the program delegates, read from the .pte (by the build's verify, where it read these bytes)
-
-    def executorch(self):
-        delegate = self.artifact.config.get("delegate") or self.route.delegate
-        self.facts["delegate"] = delegate
-        self.findings += activation_findings(self.target.id, f"executorch/{delegate}", self.model.activations)
-        if not self.built:
-            return
-        summary = ((self.verified or {}).get("artifact") or {}).get("delegation")
-        if not isinstance(summary, dict):
-            summary = pte.read(self.artifact.output).delegation  # imports ExecuTorch's exir: seconds
-        self.facts["delegation"] = summary
-        name = pte.BACKEND_NAMES[delegate]
-        message = pte.undelegated_message(summary, delegate)
-        if message:
-            self.add("fallback", message, "whole program")
-            return
-        for operator, calls in summary["fallback_ops"].items():
-            self.add("fallback", f"{calls} call{'s' if calls > 1 else ''} on ExecuTorch's portable CPU kernels, "
-                                 f"outside {name} (the program makes {summary['delegated_calls']} delegate "
-                                 f"call{'s' if summary['delegated_calls'] > 1 else ''})"
-                                 + self._layout_hint(operator), operator)
-
-    def _layout_hint(self, text):
-        """Both were seen with MobileNetV2 and a channels_last input, and are gone with a contiguous one."""
-        if self.route.runtime != "executorch" or self.model.inputs[0]["memory_format"] != "channels_last":
-            return ""
-        if "as_strided" in text:
-            return "; it is the reshape of an NHWC tensor, from the channels_last input (input.memory_format)"
-        if "dim order" in text:
-            return "; the input is channels_last (input.memory_format): Core ML lowers it contiguous"
-        return ""
-
-    # ONNX: the exported model; loading it in ONNX Runtime is the host run
-
-    def onnx(self):
-        pass
+    def hint(self, line):
+        """What the route adds to a build error's line, or ""."""
+        return self.route.checks.hint(self, line) if self.route.checks.hint is not None else ""

@@ -16,8 +16,6 @@ from mobilebuild.preflight.targets import TargetCheck
 from mobilebuild.preflight.verification import RecipeVerification
 from mobilebuild.worker.quiet import quiet
 
-VERSIONS = ("torch", "executorch", "onnxruntime")  # what the report's header names
-
 
 def _load(recipe_path, root, only):
     """The recipe and its targets' routes; a bad recipe raises (RecipeErrors or MobileBuildError)."""
@@ -126,7 +124,7 @@ def run(recipe_path, root, targets=None, on_model=None, on_target=None):
         started = time.perf_counter()
         memory = Memory(root, loaded.name)
         model = model_facts(loaded, root, memory)
-        versions = {name: toolchain.versions()[name] for name in VERSIONS}
+        versions = {name: toolchain.versions()[name] for name in routes.runtime_packages()}
         report = {"recipe": loaded.name, "file": loaded.file, "versions": versions,
                   "model": {"findings": model.findings, "notes": model.notes, "cached": model.cached,
                             "seconds": round(time.perf_counter() - started, 2)}}

@@ -301,12 +301,9 @@ def plot_name(recipe):
     return f"{file_stem(recipe)}.png"
 
 
-FAMILIES = {"pytorch-mobile": "PyTorch Mobile", "executorch": "ExecuTorch", "onnxruntime": "ONNX Runtime",
-            EAGER: "PyTorch eager"}
-
-
 def family(row):
-    return FAMILIES.get(row.runtime, _text(row.runtime))
+    """The runtime family its route names (PyTorch Mobile, ExecuTorch...)."""
+    return {**routes.families(), EAGER: "PyTorch eager"}.get(row.runtime, _text(row.runtime))
 
 
 def _runs_on(row):
@@ -477,7 +474,7 @@ def _structure(row):
     (ExecuTorch), the NNAPI model's size, the ONNX graph's quantized share."""
     route = routes.get(row.backend, row.runtime)
     facts = _dict(_get(row.verification, "artifact"))
-    return route.structure(facts) if route is not None and route.structure is not None else ""
+    return route.runs.structure(facts) if route is not None and route.runs.structure is not None else ""
 
 
 def _fallbacks(rows):
@@ -608,8 +605,6 @@ LAYER_COLUMNS = [
     Column("op", "", False, lambda item: _text(_get(item[2], "op"))),
     Column("SQNR (dB)", "", True, lambda item: _fixed(_number(_get(item[2], "sqnr_db")), 1)),
 ]
-LAYER_METHODS = {"eager": "eager numeric suite", "fx": "FX numeric suite", "pt2e": "PT2E numeric debugger",
-                 "onnx": "ONNX Runtime, node by node"}
 
 
 def _layers(manifest, rows):
@@ -627,7 +622,7 @@ def _layers(manifest, rows):
         ranked = [layer for layer in (_get(result, "layers") or []) if isinstance(layer, dict)]
         items += [(row.label, rank, layer) for rank, layer in enumerate(ranked, 1)]
         states += [row.state] * len(ranked)
-        method = _text(LAYER_METHODS.get(_get(result, "method"), _get(result, "method")))
+        method = _text(routes.layer_methods().get(_get(result, "method"), _get(result, "method")))
         seconds = _number(_get(result, "seconds"))
         notes.append(f"worst layers ({row.label}): {method}, {_text(_get(result, 'compared'))} layers compared on "
                      f"{_text(_get(result, 'samples'))} {_text(_get(result, 'data'))} samples"

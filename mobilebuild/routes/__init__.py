@@ -1,0 +1,11 @@
+"""The built-in route families, one module each: importing this package registers them (mobilebuild.tasks, the
+command line and anything that plans a graph import it). Each module owns everything about its targets: the
+`Route` entries (plan.routes), its own stages with their contracts and planners (plan.stages), its per-layer
+diagnosis, its `mobilebuild check`, how the report names and summarises it, and its recipe section. The worker-side
+code of its stages and runtime lives under mobilebuild.worker, named by the route, since the plan side never
+imports torch. A project adds a family the same way from its dodo.py.
+"""
+
+from mobilebuild.routes import executorch, nnapi, onnx, torchscript
+
+__all__ = ["executorch", "nnapi", "onnx", "torchscript"]
