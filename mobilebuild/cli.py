@@ -116,9 +116,9 @@ def bench(args):
     if options.baseline and not options.baseline.is_file():
         parser.error(f"--baseline {options.baseline}: no such file")
     status = run_doit(["run", "benchmark"])
-    from mobilebuild.results import report
+    from mobilebuild.results import report_data
 
-    manifests = report.load_manifests(graph.ARTIFACTS_DIR)
+    manifests = report_data.load_manifests(graph.ARTIFACTS_DIR)
     if options.save_baseline:
         baseline.save(manifests, options.save_baseline)
     if options.baseline and baseline.compare(manifests, options.baseline, options.tolerance):

@@ -15,7 +15,7 @@ from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import graph, recipe, routes, stages
+from mobilebuild.plan import recipe, routes, stages
 from mobilebuild.routes import torchscript
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import executorch as et_runtime

@@ -5,16 +5,17 @@ import json
 
 import numpy as np
 from matplotlib import image
-from test_report import PNG_SIGNATURE, benchmark, full_manifest, target, verification
+from report_manifests import benchmark, full_manifest, target, verification
 
 from mobilebuild.plan.stages import PlotConfig
-from mobilebuild.results import plots, report
+from mobilebuild.results import plots, report_data
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RED = (0xCF, 0x22, 0x2E)
 
 
 def rows(manifest):
-    return report.table_rows(manifest)
+    return report_data.table_rows(manifest)
 
 
 def _has_colour(path, rgb, tolerance=0.02):

@@ -35,11 +35,12 @@ class Report(Command):
     cmd_options = ()
 
     def execute(self, opt_values, pos_args):
-        from mobilebuild.results import plots, report
+        from mobilebuild.results import plots, report, report_data
 
         status = report.main(graph.ARTIFACTS_DIR)
         if status == 0:
-            print(f"drew {plots.draw_all(graph.ARTIFACTS_DIR)} plot(s) in {graph.ARTIFACTS_DIR}/{report.PLOTS_DIR}")
+            drawn = plots.draw_all(graph.ARTIFACTS_DIR)
+            print(f"drew {drawn} plot(s) in {graph.ARTIFACTS_DIR}/{report_data.PLOTS_DIR}")
         return status
 
 

@@ -1,6 +1,8 @@
 """Whether a target keeps the model's interface, per target: each input's dtype, each dynamic dim and the structure
 of the outputs ("interface" findings: they do not block; where the route refuses outright, its task fails and that
 blocks as "build-fails"). From the recipe, the route and the model's outputs as structure.analyse saw them: no torch.
+The rules per runtime are its route's (`Checks.input_dtypes`, `Checks.outputs`, in mobilebuild/routes/); this module
+describes the structure and words the findings.
 
 Each statement was checked on builds of tiny models (torch 2.12.1, ExecuTorch 1.3.1, ONNX Runtime 1.32):
 - torch.backends._nnapi takes float32, int32 and quantized input tensors only ("Can't handle input with dtype");

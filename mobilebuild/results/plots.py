@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from mobilebuild import store
-from mobilebuild.results import report
+from mobilebuild.results import report_data
 
 FIGURE_WIDTH = 12  # inches, at DPI: as wide as the report's page
 DPI = 100
@@ -25,16 +25,16 @@ def run(inputs, config, output):
     with open(inputs["manifest"]) as handle:
         manifest = json.load(handle)
     with open(output, "wb") as handle:
-        handle.write(draw(config.recipe, report.table_rows(manifest)))
+        handle.write(draw(config.recipe, report_data.table_rows(manifest)))
 
 
 def draw_all(artifacts_dir):
     """Every recipe's figure from its manifest, outside a build (`mobilebuild report`); returns how many."""
-    manifests = report.load_manifests(artifacts_dir)
+    manifests = report_data.load_manifests(artifacts_dir)
     for manifest in manifests:
-        recipe = report.recipe_name(manifest)
-        path = Path(artifacts_dir) / report.PLOTS_DIR / report.plot_name(recipe)
-        store.write_bytes(path, draw(recipe, report.table_rows(manifest)))
+        recipe = report_data.recipe_name(manifest)
+        path = Path(artifacts_dir) / report_data.PLOTS_DIR / report_data.plot_name(recipe)
+        store.write_bytes(path, draw(recipe, report_data.table_rows(manifest)))
     return len(manifests)
 
 
@@ -47,7 +47,7 @@ def quality(rows):
     worst SQNR against eager fp32 (the eager row is the reference and has none)."""
     accuracy = {row.label: row.metric("accuracy_artifact") for row in rows[1:]}
     if any(value is not None for value in accuracy.values()):
-        reference = report.reference_accuracy(rows)
+        reference = report_data.reference_accuracy(rows)
         if reference is not None:
             accuracy[rows[0].label] = reference
         return "accuracy (%)", {label: 100 * value for label, value in accuracy.items() if value is not None}
@@ -125,7 +125,7 @@ def _latency_bars(axes, points, style):
               edgecolor=[FAILED_EDGE if row.state == "failed" else "none" for row in points],
               error_kw={"ecolor": "#1f2328", "elinewidth": 1})
     for position, median, whisker in zip(positions, medians, above):
-        axes.annotate(report.two_or_three_decimals(median), (median + whisker, position), xytext=(4, 0),
+        axes.annotate(report_data.two_or_three_decimals(median), (median + whisker, position), xytext=(4, 0),
                       textcoords="offset points", va="center", fontsize=9)
     axes.set_yticks(list(positions), [legend_label(row) for row in points])
     axes.invert_yaxis()  # the table's order, top down
@@ -156,7 +156,7 @@ def _scatter(axes, points, style, ylabel, slowest, from_zero=True):
 
 def _whiskers(row):
     """(median - p10, p90 - median), each 0 when not recorded (or out of order: a whisker never points inwards)."""
-    median, p10, p90 = row.median_ms, report.finite(row.timing("p10_ms")), report.finite(row.timing("p90_ms"))
+    median, p10, p90 = row.median_ms, report_data.finite(row.timing("p10_ms")), report_data.finite(row.timing("p90_ms"))
     return (max(0.0, median - p10) if p10 is not None else 0.0, max(0.0, p90 - median) if p90 is not None else 0.0)
 
 
