@@ -112,8 +112,9 @@ SAME_GRAPH_DODO = textwrap.dedent('''
             yield {"name": name, "actions": [(write, [target])], "file_dep": deps, "targets": [target],
                    "uptodate": [config_changed(key)]}
 ''')
-GRAPH_DUMP = ("import json, sys; from mobilebuild.plan import project; json.dump([[n.task_name, n.dependencies(), "
-              "n.output, n.key()] for n in project.nodes('.')], open(sys.argv[1], 'w'))")
+GRAPH_DUMP = ("import json, sys; import mobilebuild.routes; from mobilebuild.plan import project; "
+              "json.dump([[n.task_name, n.dependencies(), n.output, n.key()] for n in project.nodes('.')], "
+              "open(sys.argv[1], 'w'))")
 
 
 def recipe(index):

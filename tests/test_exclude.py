@@ -15,7 +15,9 @@ from test_graph import nodes_for
 from tiny_models import stored_fused
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan.stages import ExportConfig, LowerConfig, QuantizeConfig
+from mobilebuild.plan.stages import QuantizeConfig
+from mobilebuild.routes.executorch import LowerConfig
+from mobilebuild.routes.onnx import ExportConfig
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.stages import exclusion, export, fuse, lower, modeling, quantize
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.plan.stages import ExportConfig
+from mobilebuild.routes.onnx import ExportConfig
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
 from mobilebuild.worker.stages import calibration, export, fuse, modeling

@@ -15,7 +15,7 @@ from tiny_models import conv_bn, stored_fused
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.plan.stages import LowerConfig
+from mobilebuild.routes.executorch import LowerConfig
 from mobilebuild.worker import pte
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import executorch as et_runtime

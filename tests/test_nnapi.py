@@ -12,7 +12,7 @@ from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.plan.stages import NnapiConfig
+from mobilebuild.routes.nnapi import NnapiConfig
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import nnapi as runtime
 from mobilebuild.worker.stages import calibration, fuse, modeling, nnapi, quantize
