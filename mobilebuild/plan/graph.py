@@ -191,19 +191,21 @@ def _layers(chain, verification, files):
               "top": recipe.verify.get("layers_top", 5), "evaluation": verification.get("evaluation"),
               "calibration": verification["calibration"]}
     if route.quantizer == "eager" and "quantize" in chain.nodes:
-        settings = stages.LayersConfig(route="eager", engine=route.engine, quantization=chain.quantization, **common)
+        settings = stages.LayersConfig(method="mobilebuild.worker.layers.eager", engine=route.engine,
+                                       quantization=chain.quantization, **common)
         inputs["quantized"] = chain.nodes["quantize"]
     elif route.final_stage == "lower" and final.settings.delegate == "xnnpack":
         lowering = final.settings
-        settings = stages.LayersConfig(route="pt2e", weights=lowering.weights, options=lowering.options,
+        settings = stages.LayersConfig(method="mobilebuild.worker.layers.pt2e", weights=lowering.weights,
+                                       options=lowering.options,
                                        exclude=getattr(lowering, "exclude", None),
                                        observer=getattr(lowering, "observer", None),
                                        mode=getattr(lowering, "mode", "static"),
                                        **{**common, "calibration": lowering.calibration})
         files = files + final.files  # calibration's files: it calibrates again
     elif route.final_stage == "export":
-        settings = stages.LayersConfig(route="onnx", options=final.settings.options, outputs=recipe.outputs,
-                                       **common)
+        settings = stages.LayersConfig(method="mobilebuild.worker.layers.onnx", options=final.settings.options,
+                                       outputs=recipe.outputs, **common)
     else:
         return None
     return chain.node("layers", f"{recipe.name}-{target.id}", settings, inputs, f"{chain.out}/layers-{target.id}.json",
