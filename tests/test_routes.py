@@ -71,8 +71,8 @@ TOY_DODO = textwrap.dedent('''
         """The quantize stage's model against the float one, layer by layer (the eager method)."""
         if "quantize" not in chain.nodes:
             return None
-        settings = stages.LayersConfig(route="eager", engine=chain.route.engine, quantization=chain.quantization,
-                                       **common)
+        settings = stages.LayersConfig(method="mobilebuild.worker.layers.eager", engine=chain.route.engine,
+                                       quantization=chain.quantization, **common)
         return chain.layers_node(settings, {"quantized": chain.nodes["quantize"]}, files)
 
 

@@ -97,7 +97,9 @@ class VerifyConfig:
 
 @dataclass(frozen=True)
 class LayersConfig:
-    route: str  # eager (the quantize stage's model, eager or FX graph mode) | pt2e (ExecuTorch) | onnx
+    # the dotted path of the worker-side module that compares (its `compare` hook: worker/stages/layers.py):
+    # mobilebuild.worker.layers.eager (the quantize stage's model, eager or FX graph mode), .pt2e (ExecuTorch), .onnx
+    method: str
     precision: str
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
     model: dict  # the model source and fusion the fused (float) model is rebuilt from

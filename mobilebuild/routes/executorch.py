@@ -70,9 +70,9 @@ def pt2e_layers(chain, common, files):
     lowering = chain.nodes[chain.route.final_stage].settings
     if lowering.delegate != chain.route.delegate:
         return None
-    settings = stages.LayersConfig(route="pt2e", weights=lowering.weights, options=lowering.options,
-                                   exclude=lowering.exclude, observer=lowering.observer, mode=lowering.mode,
-                                   **{**common, "calibration": lowering.calibration})
+    settings = stages.LayersConfig(method="mobilebuild.worker.layers.pt2e", weights=lowering.weights,
+                                   options=lowering.options, exclude=lowering.exclude, observer=lowering.observer,
+                                   mode=lowering.mode, **{**common, "calibration": lowering.calibration})
     return chain.layers_node(settings, {}, files + chain.nodes[chain.route.final_stage].files)
 
 

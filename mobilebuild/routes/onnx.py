@@ -62,8 +62,8 @@ def export(chain):
 def node_layers(chain, common, files):
     """Each quantized node of the shipped QDQ model against the float model's, node by node in ONNX Runtime."""
     final = chain.nodes[chain.route.final_stage]
-    settings = stages.LayersConfig(route="onnx", options=final.settings.options, outputs=chain.recipe.outputs,
-                                   **common)
+    settings = stages.LayersConfig(method="mobilebuild.worker.layers.onnx", options=final.settings.options,
+                                   outputs=chain.recipe.outputs, **common)
     return chain.layers_node(settings, {}, files)
 
 

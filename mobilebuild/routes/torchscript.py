@@ -60,8 +60,8 @@ def eager_layers(chain, common, files):
     """The quantize stage's model (eager or FX graph mode) against the float one, layer by layer."""
     if "quantize" not in chain.nodes:
         return None
-    settings = stages.LayersConfig(route="eager", engine=chain.route.engine, quantization=chain.quantization,
-                                   **common)
+    settings = stages.LayersConfig(method="mobilebuild.worker.layers.eager", engine=chain.route.engine,
+                                   quantization=chain.quantization, **common)
     return chain.layers_node(settings, {"quantized": chain.nodes["quantize"]}, files)
 
 
