@@ -28,8 +28,8 @@ from mobilebuild.plan import graph, recipe, routes
 from mobilebuild.tune import patch, search
 from mobilebuild.worker import metrics, progress, quiet  # no torch there
 
-TUNE_DIR = ".mobilebuild/tune"  # ignored scratch (.gitignore: .mobilebuild/)
-SUFFIX = ".tune"  # the generated recipe's name: recipe names take letters, digits, '_' and '.'
+TUNE_DIR = recipe.TUNE_DIR  # ignored scratch (.gitignore: .mobilebuild/)
+SUFFIX = recipe.TUNE_SUFFIX  # the generated recipe's name: the user's and this
 RANKED = 16  # how many layers the baseline's per-layer comparison ranks: the longest walk
 DEFAULT_BUDGET = 16
 CACHED = "(from the cache)"  # what engine.execute.run_node prints for an artifact the shared cache gave
