@@ -1,6 +1,6 @@
-"""The package's layers, read from its source: no import cycle between modules (lazy imports included, since they
-only hide one), the plan layer imports neither torch nor doit, the worker side never doit, the engine (doit) layer never
-torch."""
+"""The package's layers, read from its source: no import cycle between modules, nor between its packages (lazy imports
+included, since they only hide one), the plan layer imports neither torch nor doit, the worker side never doit, the
+engine (doit) layer never torch, nor what runs the build's tasks through it (tasks.py, check, tune, the CLI)."""
 
 import ast
 from pathlib import Path
@@ -80,6 +80,33 @@ def test_no_module_imports_itself_through_others():
     assert cycles({name: own_imports(path) for name, path in MODULES.items()}) == []
 
 
+def package(name):
+    """The package below mobilebuild a module belongs to (mobilebuild.engine.execute -> mobilebuild.engine); a module
+    at the top (mobilebuild.tasks) is its own."""
+    return ".".join(name.split(".")[:2])
+
+
+def package_graph(graph):
+    """{package: the other packages its modules import} of a module import graph."""
+    found = {package(name): set() for name in graph}
+    for name, imported in graph.items():
+        found[package(name)].update(package(other) for other in imported if package(other) != package(name))
+    return found
+
+
+def test_no_package_imports_itself_through_others():
+    """mobilebuild.engine imports nothing that imports it back (mobilebuild.tune importing the engine's runner,
+    the engine's clean command importing tune's constants was one)."""
+    assert cycles(package_graph({name: own_imports(path) for name, path in MODULES.items()})) == []
+
+
+def test_the_package_check_finds_a_cycle_between_modules_that_do_not_form_one():
+    graph = {"mobilebuild.engine.commands": {"mobilebuild.tune.command"}, "mobilebuild.tune.command": {
+        "mobilebuild.tasks"}, "mobilebuild.tasks": {"mobilebuild.engine.execute"}, "mobilebuild.engine.execute": set()}
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph)) == [["mobilebuild.engine", "mobilebuild.tasks", "mobilebuild.tune"]]
+
+
 def test_the_cycle_check_finds_a_cycle_that_lazy_imports_hide(tmp_path):
     lazy = tmp_path / "mobilebuild_probe.py"
     lazy.write_text("def report():\n    from mobilebuild.engine import actions\n")
@@ -92,7 +119,8 @@ def test_the_cycle_check_finds_a_cycle_that_lazy_imports_hide(tmp_path):
     ("mobilebuild.plan", ("torch", "doit", "mobilebuild.engine", "mobilebuild.worker", "mobilebuild.results",
                           "mobilebuild.preflight", "mobilebuild.routes")),
     ("mobilebuild.worker", ("doit", "mobilebuild.engine", "mobilebuild.results", "mobilebuild.routes")),
-    ("mobilebuild.engine", ("torch", "mobilebuild.routes")),
+    ("mobilebuild.engine", ("torch", "mobilebuild.tasks", "mobilebuild.preflight", "mobilebuild.tune",
+                            "mobilebuild.cli", "mobilebuild.routes")),
     ("mobilebuild.results", ("torch", "doit", "mobilebuild.routes")),
     ("mobilebuild.preflight", ("mobilebuild.routes",)),
     # a route family registers itself in the plan layer; its worker-side code runs in the worker, named by string

@@ -14,8 +14,9 @@ from conftest import Project
 from doit.exceptions import TaskFailed, UnmetDependency
 
 from mobilebuild import preflight
+from mobilebuild.engine import runner
 from mobilebuild.plan import graph, recipe, routes
-from mobilebuild.preflight import command, shipped
+from mobilebuild.preflight import command
 from mobilebuild.preflight.targets import TargetCheck
 
 # Factories (and evaluation data) for the recipes below; a module name of its own, as recipe factories are imported by
@@ -264,7 +265,7 @@ def test_a_recipe_outside_the_repository_recipes_is_one_line_and_exit_2(root, mo
 
 def test_a_failed_dependency_is_blamed_on_the_task_that_failed():
     """What doit reports for the artifact's task (its dependency failed) leads to the build's own error."""
-    reporter = shipped._Reporter(["optimize:r-xnnpack"], lambda name, outcome: None)
+    reporter = runner.Reporter(runner.Run(["optimize:r-xnnpack"]))
     reporter.failed = {"script:r-fp32": TaskFailed("recipes/r.yaml: script: torch.jit.script cannot compile\nmore"),
                          "optimize:r-xnnpack": UnmetDependency("script:r-fp32")}
     assert reporter.cause("optimize:r-xnnpack") == ("script:r-fp32",

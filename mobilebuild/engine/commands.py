@@ -13,7 +13,7 @@ from doit.exceptions import InvalidCommand
 
 from mobilebuild import store
 from mobilebuild.engine.uptodate import NodeUpToDate
-from mobilebuild.plan import graph, stages
+from mobilebuild.plan import graph, recipe, stages
 
 PLUGINS = {name: f"mobilebuild.engine.commands:{cls}" for name, cls in (
     ("report", "Report"), ("graph", "Graph"), ("clean", "Clean"), ("why", "Why"))}
@@ -174,10 +174,8 @@ class Clean(cmd_clean.Clean):
 def _remove_tune_candidates():
     """What `mobilebuild tune` built: its candidates' artifacts, plots and generated recipes, which no task of the
     build names."""
-    from mobilebuild.tune.command import SUFFIX, TUNE_DIR
-
-    artifacts = Path(graph.ARTIFACTS_DIR)
-    for leftover in [*artifacts.glob(f"*{SUFFIX}"), *artifacts.glob(f"plots/*{SUFFIX}.*"), Path(TUNE_DIR)]:
+    artifacts, suffix = Path(graph.ARTIFACTS_DIR), recipe.TUNE_SUFFIX
+    for leftover in [*artifacts.glob(f"*{suffix}"), *artifacts.glob(f"plots/*{suffix}.*"), Path(recipe.TUNE_DIR)]:
         if leftover.is_dir():
             shutil.rmtree(leftover)
         elif leftover.exists():

@@ -20,16 +20,19 @@ from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.plan import stages
 
 UNTRUSTED_LOG = ".mobilebuild/cache-untrusted.jsonl"  # this build's ignored cache entries, summed up at its end
+# The value a node's task keeps (doit's task.values, from what its action returns) when the shared cache gave its
+# output: how an in-process run (engine/runner.py) tells a fetched artifact from a built one.
+FROM_CACHE = "from_cache"
 
 
 def run_node(node):
-    """Build one node, or fetch it from the shared cache; return doit's TaskFailed (rendered as a single line) for a
-    user mistake."""
+    """Build one node, or fetch it from the shared cache (then return {FROM_CACHE: True}, which doit keeps as the
+    task's values); return doit's TaskFailed (rendered as a single line) for a user mistake."""
     started = time.perf_counter()
     shared, key = _cache_entry(node)
     if key is not None and _fetch(node, shared, key):
         print(f"   {node.output} (from the cache)", flush=True)
-        return None
+        return {FROM_CACHE: True}
     remote = distributed.address() is not None and not stages.get(node.stage).in_process
     try:
         if remote:

@@ -22,6 +22,10 @@ CACHE_FILE = ".mobilebuild/recipes.json"
 RECIPE_DIR = "recipes"
 RECIPE_SUFFIXES = (".yaml", ".yml")
 EXTRA_RECIPES_VARIABLE = "MOBILEBUILD_EXTRA_RECIPES"  # more recipe files to plan, outside recipes/
+# `mobilebuild tune` writes the recipe of its candidates here (ignored scratch), named as the user's plus TUNE_SUFFIX
+# (recipe names take letters, digits, '_' and '.'); `doit clean` removes them and what they built
+TUNE_DIR = ".mobilebuild/tune"
+TUNE_SUFFIX = ".tune"
 # Bumped when parsing accepts less than before, so recipes validated by an older rule are checked again.
 PARSE_RULES = b"2: duplicate keys refused"
 

@@ -11,7 +11,7 @@ from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import project, recipe, routes, toolchain
 from mobilebuild.preflight.advice import BLOCKING
 from mobilebuild.preflight.recorded import Memory, cached_structure, remember_structure, structure_key
-from mobilebuild.preflight.shipped import Outcome, make
+from mobilebuild.preflight.shipped import make
 from mobilebuild.preflight.targets import TargetCheck
 from mobilebuild.preflight.verification import RecipeVerification
 from mobilebuild.worker.quiet import quiet
@@ -147,12 +147,8 @@ def run(recipe_path, root, targets=None, on_model=None, on_target=None):
             if on_target:
                 on_target(results[target.id])
 
-        status = make(list(by_task), finished,
-                      verify_tasks={task_name: f"verify:{artifacts[target.id].name}"
-                                    for task_name, (target, _) in by_task.items()})
-        for task_name, (target, route) in by_task.items():
-            if target.id not in results:  # doit itself failed (its own error is on stderr)
-                finished(task_name, Outcome("failed", task_name, f"doit did not run it (exit {status})"))
+        make(list(by_task), finished, verify_tasks={task_name: f"verify:{artifacts[target.id].name}"
+                                                    for task_name, (target, _) in by_task.items()})
     ordered = [results[target.id] for target, _ in chosen]
     every = model.findings + [item for result in ordered for item in result["findings"]]
     blocking = sum(item["kind"] in BLOCKING for item in every)
