@@ -3,6 +3,7 @@ included, since they only hide one), the plan layer imports neither torch nor do
 engine (doit) layer never torch, nor what runs the build's tasks through it (tasks.py, check, tune, the CLI)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,73 @@ def test_each_layer_imports_only_what_it_may(layer, forbidden):
     offending = {name: sorted(i for i in imports(path) if i.split(".")[0] in forbidden or i.startswith(forbidden))
                  for name, path in MODULES.items() if name == layer or name.startswith(f"{layer}.")}
     assert {name: found for name, found in offending.items() if found} == {}
+
+
+# --- a route owns everything about its target family -------------------------------------------------------------
+
+def _route_names():
+    import mobilebuild.routes  # noqa: F401 - the built-in families
+    from mobilebuild.plan import routes
+
+    found = set()
+    for route in routes.all_routes():
+        found |= {route.backend, route.runtime, route.runs.name, *((route.delegate,) if route.delegate else ())}
+    return found
+
+
+def _constants(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {value for element in node.elts for value in _constants(element)}
+    return set()
+
+
+def route_name_uses(source, names):
+    """Comparisons with a route's backend, runtime or delegate name, and tables keyed by two or more of them."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            hits = set().union(*(_constants(part) for part in (node.left, *node.comparators))) & names
+            found += [(node.lineno, name) for name in sorted(hits)]
+        elif isinstance(node, ast.Dict):
+            keys = {key.value for key in node.keys if isinstance(key, ast.Constant)} & names
+            if len(keys) > 1:
+                found += [(node.lineno, name) for name in sorted(keys)]
+    return found
+
+
+# A family's own worker-side stage and runtime modules speak its delegates' names (they call ExecuTorch with them)
+FAMILY_WORKER_MODULES = ("mobilebuild.worker.stages.lower", "mobilebuild.worker.pte", "mobilebuild.worker.coreml",
+                         "mobilebuild.worker.stages.optimize", "mobilebuild.worker.stages.fx_quantize")
+
+
+def test_nothing_outside_the_route_modules_compares_backend_names():
+    names = _route_names()
+    offending = {name: found for name, path in MODULES.items()
+                 if not name.startswith("mobilebuild.routes") and name not in FAMILY_WORKER_MODULES
+                 for found in [route_name_uses(path.read_text(), names)] if found}
+    assert offending == {}
+
+
+def test_the_backend_name_check_finds_a_comparison_and_a_table():
+    names = {"xnnpack", "onnx"}
+    assert route_name_uses('if route.backend == "xnnpack":\n    pass\n', names) == [(1, "xnnpack")]
+    assert route_name_uses('ok = runtime in ("onnx", "x")\n', names) == [(1, "onnx")]
+    assert route_name_uses('TABLE = {"xnnpack": 1, "onnx": 2}\n', names) == [(1, "onnx"), (1, "xnnpack")]
+    assert route_name_uses('facts = {"xnnpack": True, "version": 1}\n', names) == []
+
+
+def test_the_plan_layer_names_no_code_of_ours_to_import_by_string():
+    """Worker-side stage and runtime modules may be named (the plan layer must not import them), and the probe that
+    another interpreter runs (`python -m mobilebuild.probe`); nothing else."""
+    allowed = ("mobilebuild.worker.stages", "mobilebuild.worker.runtimes", "mobilebuild.worker.layers",
+               "mobilebuild.probe")
+    for name, path in MODULES.items():
+        if not name.startswith("mobilebuild.plan"):
+            continue
+        strings = {node.value for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+        named = {text for text in strings if re.fullmatch(r"mobilebuild(\.\w+)+(:[\w.]+)?", text)
+                 and not text.startswith(allowed)}
+        assert named == set(), name
