@@ -3,8 +3,10 @@ the project's own. Each model is small and runs at a small input size, so these 
 
 from types import SimpleNamespace
 
+import pytest
 import timm  # noqa: F401  (a test dependency: the factory below imports it by name)
 import torch
+import torch.ao.nn.intrinsic as nni
 
 from mobilebuild.engine import fetched
 from mobilebuild.plan.stages import QuantizeConfig
@@ -72,3 +74,51 @@ def test_fx_quantized_timm_model_is_stored_weights_only_and_rebuilt_exactly(tmp_
         # the packed weights put back are the engine's own: the script stage compiles and runs them
         assert torch.equal(script.to_torchscript(rebuilt, "script", (example,))(example), rebuilt(example))
 
+
+# --- fuse: batch norm in timm's norm-activation layers is folded -------------------------------------------------
+
+# (model, batch-norm layers, folded into the convolution before them): mobileone_s0's identity branches are batch norm
+# alone, on the block's input (timm's reparameterize_model merges them into the convolution of the block)
+FOLDED = [("lcnet_050", 27, 27), ("mobilenetv4_conv_small", 46, 46), ("mobileone_s0", 226, 191)]
+
+
+@pytest.mark.parametrize(("name", "norms", "folded"), FOLDED)
+def test_fuse_auto_folds_batchnorm_of_timms_norm_activation_layers(name, norms, folded):
+    from timm.layers import BatchNormAct2d
+
+    model = with_batchnorm_statistics(modeling.build_model(source(name), seed=0))
+    assert len(fuse.batch_norms(model)) == norms
+    assert all(isinstance(model.get_submodule(path), BatchNormAct2d) for path in fuse.batch_norms(model))
+    example = modeling.example_inputs(INPUTS, seed=3, batch=2)[0]
+    with torch.no_grad():
+        reference = model(example)
+        fused, _ = fuse.fuse(model, "auto")
+        assert len(fuse.batch_norms(fused)) == norms - folded
+        assert sqnr(reference, fused(example)) > 80  # float rounding apart, the same model
+
+
+def test_batchnorm_of_timms_norm_activation_layers_is_folded_whatever_fuse_says():
+    """As a plain batch norm after a convolution is (optimize_for_mobile's own folding is wrong on traced models)."""
+    model = with_batchnorm_statistics(modeling.build_model(source("lcnet_050"), seed=0))
+    example = modeling.example_inputs(INPUTS, seed=3)[0]
+    with torch.no_grad():
+        reference = model(example)
+        fused, groups = fuse.fuse(model, False)
+        assert not fuse.batch_norms(fused) and len(groups) == 27
+        assert not any(isinstance(module, nni.ConvReLU2d) for module in fused.modules())  # nothing else fused
+        assert sqnr(reference, fused(example)) > 80
+
+
+def test_the_fuse_stage_says_how_much_it_folded_and_the_later_stages_rebuild_it(tmp_path, capsys):
+    """The stages after fuse rebuild the fused structure from the recipe (on the meta device) and load its weights."""
+    model = checkpoint("mobilenetv4_conv_small", tmp_path / "checkpoint.pt")
+    config = SimpleNamespace(model=source("mobilenetv4_conv_small"), fuse="auto")
+    fuse.run({"checkpoint": tmp_path / "checkpoint.pt"}, config, tmp_path / "fused.pt")
+    assert capsys.readouterr().out == ("   batch norm folded into the convolution before it: 46 of 46 (46 of 46 in "
+                                       "timm's BatchNormAct2d)\n")
+    rebuilt = fuse.load(tmp_path / "fused.pt", config)
+    assert not fuse.batch_norms(rebuilt)
+    assert sum(isinstance(module, nni.ConvReLU2d) for module in rebuilt.modules()) > 0  # ReLU fused too
+    example = modeling.example_inputs(INPUTS, seed=3)[0]
+    with torch.no_grad():
+        assert sqnr(model(example), rebuilt(example)) > 80
