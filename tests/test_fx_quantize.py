@@ -11,9 +11,11 @@ import torch
 from conftest import tiny_recipe
 from tiny_models import stored_fused
 from torch import nn
+from torch.nn import functional as F
 
+from mobilebuild.engine import fetched
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker.stages import calibration, fuse, modeling, quantize
+from mobilebuild.worker.stages import calibration, fuse, fx_quantize, modeling, quantize
 
 INPUTS = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
 CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
@@ -108,6 +110,47 @@ def test_what_stays_float_is_named():
 
     _, note = quantize.static_any(WithSilu().eval(), "qnnpack", batches, None, "quantize.calibration", INPUTS)
     assert note.endswith("operations kept float: SiLU x1")
+
+
+class Functional(nn.Module):
+    """Weights used through torch.nn.functional, as timm's Linear does: FX graph mode packs them into script objects
+    held as attributes of the converted model, which torch.load(weights_only=True) refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernel = nn.Parameter(torch.randn(4, 3, 3, 3))
+        self.matrix = nn.Parameter(torch.randn(2, 4 * 8 * 8) * 0.1)
+        self.offset = nn.Parameter(torch.randn(2))
+
+    def forward(self, x):
+        x = F.relu(F.conv2d(x, self.kernel, None, (1, 1), (1, 1), (1, 1), 1))
+        return F.linear(torch.flatten(x, 1), self.matrix, self.offset)
+
+
+def test_packed_weights_are_stored_as_tensors_and_put_back_into_the_rebuilt_model(tmp_path):
+    quantize.use_engine("qnnpack")
+    torch.manual_seed(0)
+    quantized = fx_quantize.static(Functional().eval(), "qnnpack", batches(), INPUTS)
+    state = quantized.state_dict()
+    assert sorted(value._type().name() for value in state.values() if isinstance(value, torch.ScriptObject)) == [
+        "Conv2dPackedParamsBase", "LinearPackedParamsBase"]
+    stored = {quantize.GRAPH_MODE: "fx", **fx_quantize.storable(state)}
+    modeling.save(stored, tmp_path / "quantized.pt")
+    assert fetched.problem(tmp_path / "quantized.pt", "weights") is None
+    saved = modeling.load_weights_only(tmp_path / "quantized.pt", field=None)
+
+    torch.manual_seed(1)  # other weights: the rebuilt structure's own packed weights differ from the stored ones
+    rebuilt = fx_quantize.rebuild(Functional().eval(), "qnnpack", INPUTS)
+    example = modeling.example_inputs(INPUTS, seed=5)[0]
+    with torch.no_grad():
+        assert not torch.equal(rebuilt(example), quantized(example))
+        fx_quantize.load_state(rebuilt, saved, tmp_path / "quantized.pt")
+        assert torch.equal(rebuilt(example), quantized(example))
+
+    del saved["packed"][sorted(saved["packed"])[0]]
+    with pytest.raises(MobileBuildError, match=r"quantized.pt does not match the model rebuilt from the recipe "
+                                               r"\(packed weights _packed_weight_0\)"):
+        fx_quantize.load_state(rebuilt, saved, tmp_path / "quantized.pt")
 
 
 @pytest.mark.slow

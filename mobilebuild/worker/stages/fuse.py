@@ -2,13 +2,18 @@
 
 Batch norm that follows a convolution is folded here whatever the `fuse` setting: optimize_for_mobile's own
 Conv-BN folding silently drops the bias of traced Conv(bias=False)-BN modules (pytorch/pytorch#76807), so no
-batch norm after a convolution may reach it.
+batch norm after a convolution may reach it. That includes timm's fused norm-activation layers (BatchNormAct2d: a
+BatchNorm2d subclass that also applies its dropout and activation, which fuse_modules does not take): the batch norm
+is folded into the convolution before it, and the layer replaced by its dropout and activation.
 """
+
+import sys
 
 import torch
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from mobilebuild.errors import MobileBuildError
+from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.worker.stages import modeling
 
 CONVS = {nn.Conv1d: nn.BatchNorm1d, nn.Conv2d: nn.BatchNorm2d, nn.Conv3d: nn.BatchNorm3d}
@@ -25,11 +30,23 @@ def _fusable(chain):
     return False
 
 
-def _call_sequences(model):
-    """Chains of module calls where each output feeds only the next module, from an FX trace of forward;
-    for models FX cannot trace, consecutive children of nn.Sequential containers."""
+class _LeavesTracer(torch.fx.Tracer):
+    """FX's tracer, which also keeps the modules of the types `leaves` whole (as it keeps torch.nn's)."""
+
+    def __init__(self, leaves):
+        super().__init__()
+        self.leaves = leaves
+
+    def is_leaf_module(self, module, qualified_name):
+        return isinstance(module, self.leaves) or super().is_leaf_module(module, qualified_name)
+
+
+def _call_sequences(model, leaves=()):
+    """Chains of module calls where each output feeds only the next module, from an FX trace of forward (modules
+    of the types `leaves` traced as calls, not through); for models FX cannot trace, consecutive children of
+    nn.Sequential containers."""
     try:
-        graph = torch.fx.symbolic_trace(model).graph
+        graph = _LeavesTracer(leaves).trace(model) if leaves else torch.fx.symbolic_trace(model).graph
     except Exception:  # data-dependent control flow and the like: fall back to the static structure
         return _sequential_runs(model)
     calls = [node for node in graph.nodes if node.op == "call_module"]
@@ -76,6 +93,69 @@ def find_groups(model, conv_bn_only=False):
     return groups
 
 
+def _norm_act_types():
+    """timm's fused norm-activation classes whose batch norm can be folded, where timm is loaded (a model holding
+    them imported it): BatchNormAct2d computes batch norm, then its `drop`, then its `act`."""
+    norm_act = sys.modules.get("timm.layers.norm_act")
+    return (norm_act.BatchNormAct2d,) if norm_act is not None else ()
+
+
+def _is_norm_act(module, types):
+    """A norm-activation layer as timm's forward computes it (a subclass with a forward of its own may not), in eval
+    mode with running statistics: what folding assumes."""
+    return (isinstance(module, types) and any(type(module).forward is kind.forward for kind in types)
+            and not module.training and module.running_mean is not None and module.running_var is not None)
+
+
+def _set_module(model, name, module):
+    parent, _, attribute = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attribute, module)
+
+
+def fold_norm_act(model, qat=False):
+    """Fold the batch norm of timm's norm-activation layers into the convolution (nn.Conv2d) whose output feeds
+    only it, in place; each such layer is replaced by its activation (preceded by its dropout unless that is an
+    identity, as its forward applies them), which `find_groups` may then fuse with the convolution (Conv-ReLU).
+    Return the [convolution, layer] pairs folded. For quantization-aware training nothing is folded: batch norm
+    stays until the trained model is converted."""
+    types = _norm_act_types()
+    if qat or not types or not any(isinstance(module, types) for module in model.modules()):
+        return []
+    modules = dict(model.named_modules())
+    folded = []
+    for conv, norm, *_ in (chain for chain in _call_sequences(model, leaves=types) if len(chain) > 1):
+        if type(modules[conv]) is not nn.Conv2d or not _is_norm_act(modules[norm], types):
+            continue  # a subclass of Conv2d may compute with its weight otherwise (timm's StdConv2d standardises it)
+        layer = modules[norm]
+        _set_module(model, conv, fuse_conv_bn_eval(modules[conv], layer))
+        _set_module(model, norm, layer.act if isinstance(layer.drop, nn.Identity) else nn.Sequential(layer.drop,
+                                                                                                     layer.act))
+        folded.append([conv, norm])
+    return folded
+
+
+def batch_norms(model):
+    """The paths of the model's batch-norm layers (timm's BatchNormAct2d among them)."""
+    return [name for name, module in model.named_modules() if isinstance(module, nn.modules.batchnorm._BatchNorm)]
+
+
+def folding_line(unfused, fused):
+    """What fusion did with the batch norm of a model: how many layers were folded into the convolution before them,
+    how many of them in timm's norm-activation layers, and which stayed (not after a convolution); None for a model
+    without batch norm. `unfused`: the model's batch-norm paths before fusion (batch_norms), and of the norm-activation
+    layers among them."""
+    (before, norm_act), left = unfused, batch_norms(fused)
+    if not before:
+        return None
+    line = f"batch norm folded into the convolution before it: {len(before) - len(left)} of {len(before)}"
+    if norm_act:
+        kept = len(set(norm_act) & set(left))
+        line += f" ({len(norm_act) - kept} of {len(norm_act)} in timm's BatchNormAct2d)"
+    if left:
+        line += f"; kept, not after a convolution: {few(left)}"
+    return line
+
+
 def _check_explicit(model, groups):
     modules = dict(model.named_modules())
     for index, group in enumerate(groups):
@@ -103,12 +183,15 @@ def _own_fusion(model, qat):
 
 
 def fuse(model, setting, qat=False):
-    """Fuse `model` in place; return it and the groups that were fused (beyond the model's own fuse_model()).
+    """Fuse `model` in place; return it and the groups that were fused (beyond the model's own fuse_model()), the
+    [convolution, norm-activation layer] pairs folded by fold_norm_act last.
 
     For quantization-aware training (`qat`) batch norm is kept inside the fused modules, to be folded when the
     trained model is converted; otherwise it is folded now."""
     model.train(qat)
+    folded = None
     if setting == "auto" and not _own_fusion(model, qat):
+        folded = fold_norm_act(model, qat)  # first: the activations they leave may fuse with their convolutions
         groups = find_groups(model)  # already holds every Conv-BN pair there is to fold
     else:
         groups = [list(group) for group in (setting or [])] if setting != "auto" else []
@@ -119,7 +202,9 @@ def fuse(model, setting, qat=False):
     if groups:
         fuse_modules = torch.ao.quantization.fuse_modules_qat if qat else torch.ao.quantization.fuse_modules
         fuse_modules(model, groups, inplace=True)
-    return model, groups
+    if folded is None:  # after the model's own or the recipe's fusion, which may name the layers as they were
+        folded = fold_norm_act(model, qat)
+    return model, groups + folded
 
 
 def load(path, config):
@@ -131,5 +216,11 @@ def load(path, config):
 
 
 def run(inputs, config, output):
-    fused, _ = fuse(modeling.restore_model(config.model, inputs["checkpoint"]), config.fuse)
+    model = modeling.restore_model(config.model, inputs["checkpoint"])
+    norms = batch_norms(model)
+    unfused = norms, [name for name in norms if isinstance(model.get_submodule(name), _norm_act_types())]
+    fused, _ = fuse(model, config.fuse)
+    line = folding_line(unfused, fused)
+    if line:
+        print(f"   {line}")
     modeling.save(fused.state_dict(), output)

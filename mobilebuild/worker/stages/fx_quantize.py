@@ -1,7 +1,14 @@
 """FX graph-mode post-training quantization (torch.ao.quantization.quantize_fx), for models not written for eager
 mode: it quantizes `+`, `cat`, hardswish and squeeze-excite blocks without FloatFunctional or stubs of the model's
 own, and keeps in float what the engine's backend config has no int8 pattern for. Used by the quantize stage where
-eager mode cannot quantize a model (quantize.static_any)."""
+eager mode cannot quantize a model (quantize.static_any).
+
+A converted model keeps the weights of functional convolutions and linears (`F.linear`, as timm's Linear calls it)
+packed for the engine, in script objects held as attributes of the model, and its state_dict holds them as they are:
+torch.load(weights_only=True) refuses those ("Unsupported global: GLOBAL torch.ScriptObject"). `storable` stores
+each one's own pickled state instead (its int8 weight with its quantization parameters, its bias, its packing
+settings: tensors, strings and lists), and `load_state` packs it again in place of the packed objects of the model
+`rebuild` makes from the recipe."""
 
 import collections
 import warnings
@@ -12,7 +19,7 @@ from torch.ao.quantization.backend_config import get_native_backend_config, get_
 from torch.ao.quantization.observer import ObserverBase
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-from mobilebuild.errors import MobileBuildError
+from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.worker.stages import calibration, modeling
 
 
@@ -112,3 +119,38 @@ def kept_float(converted):
             else:
                 found[node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "op")] += 1
     return dict(found)
+
+
+def storable(state):
+    """The converted model's state_dict as a weights-only file can hold it: {"state_dict": its tensors} and, where it
+    holds packed weights, "packed": {attribute: {"class": the script class's name, "state": what the class pickles}}.
+    A model without packed weights is stored as it always was."""
+    packed = {name: value for name, value in state.items() if isinstance(value, torch.ScriptObject)}
+    if not packed:
+        return {"state_dict": state}
+    tensors = collections.OrderedDict((name, value) for name, value in state.items() if name not in packed)
+    return {"state_dict": tensors, "packed": {name: _packed_state(value) for name, value in packed.items()}}
+
+
+def _packed_state(packed):
+    own_state, class_name = packed.__getstate__()  # what pickling the script object writes, less its class global
+    return {"class": class_name, "state": own_state}
+
+
+def load_state(model, stored, path):
+    """Load what `storable` stored into `model`, the converted structure `rebuild` made: its tensors, then each
+    packed weight, packed again from its stored state, in place of the model's own at the same attribute (of the
+    same script class)."""
+    model.load_state_dict(stored["state_dict"])
+    saved = stored.get("packed", {})
+    own = {name: value for name, value in model.state_dict().items() if isinstance(value, torch.ScriptObject)}
+    mismatched = sorted(set(own) ^ set(saved)) + sorted(
+        name for name in set(own) & set(saved) if own[name]._type().qualified_name() != saved[name]["class"])
+    if mismatched:
+        raise MobileBuildError(f"{path} does not match the model rebuilt from the recipe (packed weights "
+                               f"{few(mismatched)})")
+    for name, packed in saved.items():  # made as unpickling the script object would make it
+        restored = torch.ScriptObject.__new__(torch.ScriptObject)
+        restored.__setstate__((packed["state"], packed["class"]))
+        setattr(model, name, restored)
+    return model

@@ -185,8 +185,7 @@ def load_quantized(inputs, config):
     saved = modeling.load_weights_only(inputs["quantized"], field=None)
     if isinstance(saved, dict) and saved.get(GRAPH_MODE) == "fx":
         model = fx_quantize.rebuild(fused, engine, specs, qconfig_for(engine, quantization["weights"]), exclude)
-        model.load_state_dict(saved["state_dict"])
-        return model.eval()
+        return fx_quantize.load_state(model, saved, inputs["quantized"]).eval()
     # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
     # ones: the cheapest observer gives the same structure, where the engine's HistogramObserver would spend its
     # parameter search on nothing.
@@ -295,5 +294,6 @@ def run(inputs, config, output):
         state = stored_state(quantized, engine, source_field)
     if note:
         print(f"   {note}")
-        state = {GRAPH_MODE: "fx", "state_dict": state}  # load_quantized rebuilds it with FX, not eager mode
+        # load_quantized rebuilds it with FX, not eager mode; packed weights are stored as their tensors
+        state = {GRAPH_MODE: "fx", **fx_quantize.storable(state)}
     modeling.save(state, output)
