@@ -252,7 +252,8 @@ def get(name):
 
 
 def all_stages():
-    """In the order a build runs them."""
+    """In the order they were registered: the built-in ones here, then each route family's own (doit orders the
+    tasks by their inputs)."""
     return _STAGES.all()
 
 

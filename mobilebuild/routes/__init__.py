@@ -6,6 +6,10 @@ code of its stages and runtime lives under mobilebuild.worker, named by the rout
 imports torch. A project adds a family the same way from its dodo.py.
 """
 
-from mobilebuild.routes import executorch, nnapi, onnx, torchscript
+# In the order the recipe grammar, `doit list` and the report list them
+from mobilebuild.routes import torchscript  # noqa: I001
+from mobilebuild.routes import nnapi
+from mobilebuild.routes import executorch
+from mobilebuild.routes import onnx
 
 __all__ = ["executorch", "nnapi", "onnx", "torchscript"]
