@@ -36,14 +36,22 @@ def _first_line(exc, limit=300):
 @contextlib.contextmanager
 def quiet_transformers():
     """transformers with its advice off for the rest of the process (a bos_token_id outside a tiny vocabulary, newly
-    initialised weights, a loss type at the first forward): not the build's business, and a flood in its output; and
-    the warnings of building a model."""
-    import transformers
+    initialised weights, a loss type at the first forward, its own deprecated attributes that tracing reads): not
+    the build's business, and a flood in its output; and the warnings and torch's log lines (torchao's pytree
+    registrations, imported by transformers) of building a model."""
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import transformers
 
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield transformers
+            transformers.logging.set_verbosity_error()
+            yield transformers
+    finally:
+        pytree.setLevel(level)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
 def timm_model(name, kwargs):
