@@ -9,6 +9,7 @@ paths only.
 import functools
 import os
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
@@ -22,9 +23,43 @@ def out_dir(recipe):
     return f"{ARTIFACTS_DIR}/{recipe.name}"
 
 
-def model_source(model):
-    keys = ("torchvision", "quantizable", "factory", "kwargs")
-    return {k: model[k] for k in keys if k in model}
+SOURCE_KEYS = ("torchvision", "quantizable", "factory", "timm", "transformers", "config", "pretrained", "kwargs")
+HUB_SOURCES = ("timm", "transformers")  # libraries of models: their version keys what they build
+
+
+def model_source(model, inputs=()):
+    """What the stages build the model from: the recipe's source; the inputs' names, each passed to the parameter of
+    forward of that name where it has one (worker/named_inputs.py), where there are several or the model is a hub
+    library's (a torchvision or factory model of one input takes it by position, and keeps its nodes' settings); a
+    hub library's version, as its models change with it."""
+    found = {k: model[k] for k in SOURCE_KEYS if k in model}
+    hub = next((key for key in HUB_SOURCES if key in model), None)
+    if hub:
+        found["library"] = f"{hub}=={library_version(hub)}"
+    if hub or len(inputs) > 1:
+        found["inputs"] = [spec["name"] for spec in inputs]
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def library_version(distribution):
+    """The installed version, read from package metadata (importing the library costs seconds); None if absent."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def model_files(root, model):
+    """The repository files the model is made from: a factory's module, a transformers `pretrained` folder's files."""
+    return source_files(root, model.get("factory")) + (folder_files(root, model["pretrained"])
+                                                       if "pretrained" in model else ())
+
+
+@functools.lru_cache(maxsize=None)
+def folder_files(root, folder):
+    """The files below a model folder, relative to `root`, looked up once per process."""
+    return tuple(files_below(folder, root)[0])
 
 
 def source_files(root, *specs):
@@ -45,6 +80,7 @@ def _module_file(root, spec):
 
 def forget_source_files():
     _module_file.cache_clear()
+    folder_files.cache_clear()
 
 
 @dataclass
@@ -79,11 +115,11 @@ class Chain:
 
     @property
     def source(self):
-        return model_source(self.recipe.model)
+        return model_source(self.recipe.model, self.recipe.inputs)
 
     @property
     def source_files(self):
-        return source_files(self.root, self.recipe.model.get("factory"))
+        return model_files(self.root, self.recipe.model)
 
     @property
     def settings(self):
@@ -167,9 +203,9 @@ class Chain:
         if not files:
             raise MobileBuildError(f"calibration folder {calibration['path']!r} holds no files",
                                    file=self.recipe.file, field=f"{where}.path")
-        escaping = _escaping(links, self.root)
-        if escaping:
-            raise MobileBuildError(f"{escaping[0]} leaves the repository (a symlink); calibration images must "
+        outside = escaping(links, self.root)
+        if outside:
+            raise MobileBuildError(f"{outside[0]} leaves the repository (a symlink); calibration images must "
                                    "stay inside it", file=self.recipe.file, field=f"{where}.path")
         return tuple(files)
 
@@ -241,7 +277,7 @@ def files_below(directory, root):
     return sorted(files), links
 
 
-def _escaping(links, root):
+def escaping(links, root):
     """The symlinks that lead outside the repository: recipe paths must stay inside it, links included."""
     inside = Path(root).resolve()
     return [link for link in links if not Path(root, link).resolve().is_relative_to(inside)]

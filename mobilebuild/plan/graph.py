@@ -13,6 +13,7 @@ from mobilebuild.plan.chain import (
     Chain,
     checked_node,
     forget_source_files,
+    model_files,
     model_source,
     out_dir,
     source_files,
@@ -31,8 +32,8 @@ LAYERS_SAMPLES = 16
 def recipe_nodes(recipe, root):
     """The nodes one recipe needs, in dependency order."""
     out = out_dir(recipe)
-    source = model_source(recipe.model)
-    factory_files = source_files(root, recipe.model.get("factory"))
+    source = model_source(recipe.model, recipe.inputs)
+    factory_files = model_files(root, recipe.model)
     nodes = []
 
     weights = {}
@@ -147,8 +148,8 @@ def _verification(chain, root):
                 # only where it matters: a new calibration re-verifies what it made, or what verifies on its holdout
                 "calibration": quantize.get("calibration") if calibrated or evaluation == "calibration-holdout"
                 else None}
-    files = source_files(root, chain.recipe.model.get("factory"),
-                         evaluation.get("function") if isinstance(evaluation, dict) else None)
+    files = model_files(root, chain.recipe.model) + source_files(
+        root, evaluation.get("function") if isinstance(evaluation, dict) else None)
     if evaluation is not None:
         settings["evaluation"] = evaluation
     if evaluation == "calibration-holdout" and settings["calibration"]:

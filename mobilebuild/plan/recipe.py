@@ -15,7 +15,8 @@ import yaml
 
 from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import routes
+from mobilebuild.plan import hub, routes
+from mobilebuild.plan.chain import escaping, files_below
 
 SCHEMA_PATH = Path(__file__).parents[1] / "recipe.schema.json"  # at the package's top: editors point at it
 CACHE_FILE = ".mobilebuild/recipes.json"
@@ -151,18 +152,25 @@ def _describe(error):
     if kind == "pattern":
         return f"expected a value matching {expected}, got {json.dumps(error.instance)}"
     if kind == "oneOf" and error.schema is schema()["properties"]["model"]:
-        return "expected exactly one model source: 'torchvision' or 'factory'"
+        return "expected exactly one model source: 'torchvision', 'factory', 'timm' or 'transformers'"
+    if kind == "dependentRequired":
+        given = [key for key in expected if key in error.instance]
+        return (f"{' and '.join(map(repr, given))}: {'settings' if len(given) > 1 else 'a setting'} of a transformers "
+                "model (model.transformers), not of this source")
     if kind == "not" and error.schema is schema()["properties"]["model"]:
         return "'checkpoint' and 'train' are exclusive: the weights come from one of them"
     if kind == "oneOf" and error.schema is schema()["$defs"]["tensor"]["properties"]["distribution"]:
         return "expected {normal: {mean: M, std: S}} or {uniform: {low: L, high: H}}"
     if kind == "oneOf" and error.schema is schema()["$defs"]["tensor"]["properties"]["shape"]["items"]:
         return f"expected a size (an integer of at least 1) or a dim name from dims, got {json.dumps(error.instance)}"
-    if kind == "oneOf" and error.schema is schema():
-        return "expected exactly one of 'input' (the one-input shorthand) or 'inputs' (a list of named inputs)"
+    if kind == "not" and error.schema is schema():
+        return ONE_OF_INPUTS
     if kind == "oneOf" and error.schema is schema()["properties"]["fuse"]:
         return "expected 'auto', false, or a list of module-name lists like [[conv, bn, relu]]"
     return error.message
+
+
+ONE_OF_INPUTS = "expected exactly one of 'input' (the one-input shorthand) or 'inputs' (a list of named inputs)"
 
 
 def _line_column(mark):
@@ -397,6 +405,83 @@ def input_problems(spec, file, where):
     return found
 
 
+def _hub_problems(model, file, root):
+    """A timm or transformers source's checks: nothing downloaded (kwargs.pretrained refused), a configuration
+    with its model_type, or a `pretrained` folder inside the repository with config.json and safetensors weights
+    (resolved in place). Its files are inputs of the build (chain.model_files)."""
+    def problem(field, message):
+        return MobileBuildError(message, file=file, field=field)
+
+    source = hub.library(model)
+    if source is None:
+        return []
+    if model.get("kwargs", {}).get("pretrained"):
+        return [problem("model.kwargs.pretrained", "nothing is downloaded at build time: leave pretrained out (random "
+                                                   "weights), or give the weights as model.checkpoint" +
+                        (" or a save_pretrained folder as model.pretrained" if source == "transformers" else ""))]
+    if source == "timm":
+        return []
+    if "pretrained" not in model:
+        if not isinstance(model.get("config", {}).get("model_type"), str):
+            return [problem("model.config.model_type", "a transformers model is built from its configuration: give "
+                                                       "its model_type (bert, gpt2, vit...) and fields, or a "
+                                                       "save_pretrained folder as model.pretrained")]
+        return []
+    try:
+        model["pretrained"] = _repo_path(model["pretrained"], file, root, "model.pretrained", kind="folder")
+    except MobileBuildError as exc:
+        return [exc]
+    files, links = files_below(model["pretrained"], root)
+    names = {name.rsplit("/", 1)[-1] for name in files}
+    outside = escaping(links, root)
+    if outside:
+        return [problem("model.pretrained", f"{outside[0]} leaves the repository (a symlink); a model "
+                                            "folder's files must stay inside it")]
+    if "config.json" not in names:
+        return [problem("model.pretrained", f"{model['pretrained']} holds no config.json: give a folder written by "
+                                            "save_pretrained")]
+    if not any(name.endswith(".safetensors") for name in names):
+        return [problem("model.pretrained", f"{model['pretrained']} holds no .safetensors weights (pickled "
+                                            "pytorch_model.bin files are not loaded: they can carry code): save them "
+                                            "with save_pretrained(folder, safe_serialization=True)")]
+    return []
+
+
+def _input_defaults(data, file, root):
+    """The inputs' shapes and value ranges a recipe leaves out, from the model where it says them (plan/hub.py): a
+    timm model's image size (its one input may be left out), a transformers model's pixel_values size, the range of
+    its input_ids and token_type_ids ([0, its vocabulary's size)) and attention_mask (all ones). Filled in place; the
+    problems where the model does not say them (a missing shape)."""
+    model, found = data["model"], []
+    source = hub.library(model)
+    if "input" not in data and "inputs" not in data:
+        if source != "timm":
+            return [MobileBuildError(ONE_OF_INPUTS, file=file, field="(top level)")]
+        data["input"] = {}
+        _apply_defaults(schema()["properties"]["input"], data["input"])
+    listed = data.get("inputs") or [data["input"]]
+    facts = hub.Facts(model, root)
+    for index, entry in enumerate(listed):
+        where = f"inputs[{index}]" if "inputs" in data else "input"
+        name = entry.get("name", "input")
+        try:
+            if "shape" not in entry:
+                image = facts.get("image") if source == "timm" or (source and name in hub.IMAGES) else None
+                if image is None:
+                    found.append(MobileBuildError("missing required key 'shape'", file=file, field=where))
+                    continue
+                entry["shape"] = [1, *image]
+            if source != "transformers" or "range" in entry or entry["dtype"] not in ("int64", "int32"):
+                continue
+            if name in hub.MASKS:
+                entry["range"] = list(hub.MASK_RANGE)
+            elif name in hub.TOKEN_IDS and facts.get(hub.TOKEN_IDS[name]):
+                entry["range"] = [0, facts.get(hub.TOKEN_IDS[name])]
+        except MobileBuildError as exc:
+            return [MobileBuildError(exc.message, file=file, field=exc.field)]
+    return found
+
+
 def _prune_with_defaults(prune):
     if prune is False:
         return False
@@ -438,6 +523,10 @@ def load(path, root, cache=None):
             model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
         except MobileBuildError as exc:
             problems.append(exc)
+    stopping = _hub_problems(model, file, root)
+    stopping = stopping or _input_defaults(data, file, root)
+    if stopping:  # without a source it can read, or a shape for each input, there is nothing more to check
+        raise RecipeErrors(problems + stopping)
     inputs = input_specs(data, file, problems)
     image_shape = inputs[0]["shape"] if len(inputs) == 1 else []
     _resolve_quantize(data["quantize"], file, root, "quantize", problems, image_shape)

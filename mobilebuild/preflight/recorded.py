@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mobilebuild import store
 from mobilebuild.plan import toolchain
-from mobilebuild.plan.chain import source_files
+from mobilebuild.plan.chain import model_files, model_source
 
 CHECK_DIR = ".mobilebuild/check"  # ignored scratch (.gitignore: .mobilebuild/)
 PREFLIGHT_CODE = Path(__file__).parent
@@ -55,8 +55,9 @@ class Memory:
 def structure_key(recipe, root):
     """Everything the structure analysis (structure.analyse) reads: the model's part of the recipe, its inputs and
     fusion, the factory's source, the package versions and the code of the stages and of the check."""
-    factory_files = source_files(root, recipe.model.get("factory"))
-    return _digest({"model": recipe.model, "inputs": recipe.inputs, "fuse": recipe.fuse,
+    factory_files = model_files(root, recipe.model)
+    return _digest({"model": recipe.model, "source": model_source(recipe.model, recipe.inputs),
+                    "inputs": recipe.inputs, "fuse": recipe.fuse,
                     "factory": {path: store.sha256_file(Path(root, path)) for path in factory_files},
                     "versions": toolchain.versions(), "preflight": _preflight_code_digest()})
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mobilebuild.plan.chain import model_source
 from mobilebuild.preflight.advice import ALL_TARGETS, finding
 from mobilebuild.worker import outputs
 from mobilebuild.worker.stages import checkpoint, fuse, modeling, nnapi
@@ -209,7 +210,7 @@ def analyse(recipe_, root):
     fuses it; a model that cannot be built raises MobileBuildError."""
     inputs = recipe_.inputs
     with importable(root):
-        model = modeling.build_model(recipe_.model, recipe_.model["seed"])
+        model = modeling.build_model(model_source(recipe_.model, inputs), recipe_.model["seed"])
         returned = []
         hook = model.register_forward_hook(lambda _module, _args, output: returned.append(output))
         try:

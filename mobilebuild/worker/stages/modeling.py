@@ -11,6 +11,7 @@ import zipfile
 import torch
 
 from mobilebuild.errors import MobileBuildError, few
+from mobilebuild.worker import hub, named_inputs
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "int32": torch.int32,
           "bool": torch.bool, "uint8": torch.uint8}
@@ -103,10 +104,31 @@ def torchvision_builder(name, quantizable=False):
     return models.get_model_builder(registered), f"{where}.{name}"
 
 
-def build_model(source, seed):
-    """A freshly initialised model from the recipe's `model` source, seeded, in eval mode."""
+def build_model(source, seed, weights=True):
+    """A freshly initialised model from the recipe's `model` source, seeded, in eval mode, taking the recipe's inputs
+    (the source's "inputs": their names) by name where forward has parameters of those names (named_inputs).
+    `weights`: a transformers `pretrained` folder's weights are loaded (else its configuration alone: the caller
+    loads weights of its own)."""
     torch.manual_seed(seed)
     kwargs = dict(source.get("kwargs", {}))
+    convert = None
+    if "timm" in source:
+        model = hub.timm_model(source["timm"], kwargs)
+        field, name = "model.timm", f"timm {source['timm']}"
+    elif "transformers" in source:
+        model, convert = hub.transformers_model(source, weights), hub.plain_outputs
+        field, name = "model.transformers", f"transformers.{source['transformers']}"
+    else:
+        model, field, name = _built(source, kwargs)
+    if not isinstance(model, torch.nn.Module):
+        raise MobileBuildError(f"{name} returned {type(model).__name__}, expected a torch.nn.Module", field=field)
+    if source.get("inputs"):
+        model = named_inputs.bind(model, source["inputs"], convert)
+    return model.eval()
+
+
+def _built(source, kwargs):
+    """(model, field, name) of a torchvision or factory source."""
     if "torchvision" in source:
         builder, name = torchvision_builder(source["torchvision"], source.get("quantizable", False))
         # no downloads at build time: weights come from a checkpoint, and a backbone's too
@@ -118,13 +140,10 @@ def build_model(source, seed):
         builder = resolve_callable(source["factory"], field="model.factory")
         field, name = "model.factory", source["factory"]
     try:
-        model = builder(**kwargs)
+        return builder(**kwargs), field, name
     except Exception as exc:  # a user's factory may raise anything; report it as their error
         raise MobileBuildError(f"{name}(**kwargs) raised {type(exc).__name__}: {first_line(exc)}",
                                field=field) from None
-    if not isinstance(model, torch.nn.Module):
-        raise MobileBuildError(f"{name} returned {type(model).__name__}, expected a torch.nn.Module", field=field)
-    return model.eval()
 
 
 def restore_model(source, state_path, structure=None, field="model.checkpoint"):
@@ -139,13 +158,13 @@ def restore_model(source, state_path, structure=None, field="model.checkpoint"):
     state = load_state_dict_file(state_path, field=field)
     try:
         with torch.device("meta"):
-            model = structure(build_model(source, seed=0))
+            model = structure(build_model(source, seed=0, weights=False))
         model.load_state_dict(state, assign=True)
         if not any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
             return model.eval()
     except (MobileBuildError, RuntimeError, NotImplementedError):
         pass
-    model = structure(build_model(source, seed=0))
+    model = structure(build_model(source, seed=0, weights=False))
     model.load_state_dict(state)
     return model.eval()
 
@@ -337,8 +356,4 @@ def save(obj, path):
 def parameter_names(specs):
     """forward's parameter names for a wrapper defined from a string: the inputs' names (identifiers, by the
     schema), or arg_<i> for one that TorchScript's source would read as something else (a keyword, self, torch)."""
-    import keyword
-
-    reserved = {"self", "torch", "Tensor", "List", "Tuple", "Dict", "Optional"}
-    return [spec["name"] if spec["name"] not in reserved and not keyword.iskeyword(spec["name"]) else f"arg_{index}"
-            for index, spec in enumerate(specs)]
+    return named_inputs.identifiers([spec["name"] for spec in specs])

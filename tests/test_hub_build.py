@@ -1,0 +1,62 @@
+"""Hub models through real doit: a timm model and a transformers model built, verified and benchmarked to PyTorch
+Mobile (XNNPACK) and ONNX; a save_pretrained folder whose weights change rebuilds what it made."""
+
+import json
+
+import pytest
+import torch
+from test_hub_sources import BERT, save_tiny_bert
+
+pytestmark = pytest.mark.slow
+
+TIMM = {
+    "name": "lc",
+    "model": {"timm": "lcnet_050", "kwargs": {"num_classes": 10}, "batchnorm_stats": 2},
+    "input": {"shape": [1, 3, 64, 64]},
+    "script": "trace",
+    "verify": {"samples": 4},
+    "benchmark": {"warmup": 1, "iters": 3},
+    "targets": [{"backend": "xnnpack"}, {"backend": "onnx"}],
+}
+TEXT = {
+    "name": "bert",
+    "model": {"transformers": "AutoModelForSequenceClassification", "config": {**BERT, "num_labels": 3}},
+    "inputs": [{"name": "input_ids", "shape": [1, "seq"], "dtype": "int64"},
+               {"name": "attention_mask", "shape": [1, "seq"], "dtype": "int64"}],
+    "dims": {"seq": {"min": 2, "max": 32, "example": 8}},
+    "script": "trace",
+    "verify": {"samples": 4},
+    "benchmark": {"warmup": 1, "iters": 3},
+    "targets": [{"backend": "xnnpack"}, {"backend": "onnx"}],
+}
+
+
+def test_a_timm_and_a_transformers_model_build_and_verify_for_xnnpack_and_onnx(project):
+    project.write_recipe(TIMM)
+    project.write_recipe(TEXT)
+    ran = project.doit()
+    assert {"optimize:lc-xnnpack", "export:lc-onnx", "optimize:bert-xnnpack", "export:bert-onnx"} <= set(ran)
+    for name, output in (("lc", "output"), ("bert", "logits")):
+        manifest = json.loads(project.artifact(f"{name}/manifest.json").read_text())
+        for target in manifest["targets"]:
+            result = json.loads(project.artifact(f"{name}/verify-{target['target']}.json").read_text())
+            assert result["status"] == "passed", result
+            assert [spec["name"] for spec in target["outputs"]] == [output]
+    bert = json.loads(project.artifact("bert/manifest.json").read_text())
+    assert [spec["range"] for spec in bert["inputs"]] == [[0, 100], [1, 2]]  # from the model's configuration
+    assert project.doit() == []
+
+
+def test_a_save_pretrained_folder_rebuilds_what_it_made_when_its_weights_change(project):
+    save_tiny_bert(project.root / "models/tiny", seed=0)
+    project.write_recipe({"name": "m", "model": {"transformers": "AutoModelForSequenceClassification",
+                                                 "pretrained": "../models/tiny"},
+                          "inputs": [{"name": "input_ids", "shape": [1, 8], "dtype": "int64"}],
+                          "targets": [{"backend": "onnx"}]})
+    assert project.doit("checkpoint:m") == ["checkpoint:m"]
+    first = torch.load(project.artifact("m/checkpoint.pt"), weights_only=True)
+    assert project.doit("checkpoint:m") == []
+    save_tiny_bert(project.root / "models/tiny", seed=1)
+    assert project.doit("checkpoint:m") == ["checkpoint:m"]
+    second = torch.load(project.artifact("m/checkpoint.pt"), weights_only=True)
+    assert not torch.equal(first["classifier.weight"], second["classifier.weight"])
