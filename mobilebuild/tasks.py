@@ -9,7 +9,15 @@ from doit.tools import config_changed
 
 import mobilebuild.routes  # noqa: F401 - registers the built-in route families before anything plans
 from mobilebuild.engine import collector, distributed
-from mobilebuild.engine.actions import check_verified, clean_output, clean_plots, fail_with, write_release, write_report
+from mobilebuild.engine.actions import (
+    check_verified,
+    clean_log,
+    clean_output,
+    clean_plots,
+    fail_with,
+    write_release,
+    write_report,
+)
 from mobilebuild.engine.doit_reporters import Reporter
 from mobilebuild.engine.execute import run_node
 from mobilebuild.engine.uptodate import ContentChecker, NodeUpToDate, ObservedFiles
@@ -75,7 +83,7 @@ def _tasks(stage):
                 "file_dep": node.dependencies(),
                 "targets": [node.output],
                 "uptodate": [NodeUpToDate(node)],
-                "clean": [(clean_output, [node.output])],
+                "clean": [(clean_output, [node.output]), (clean_log, [node])],
                 "doc": f"{node.output} ({node.recipe_file})",
             }
 

@@ -76,6 +76,35 @@ def test_a_user_error_on_a_worker_is_the_same_one_line(cluster, tmp_path):
                       "broken:make(**kwargs) raised ValueError: no such width"], result.stderr
 
 
+def test_a_library_failure_and_a_time_limit_on_a_worker_are_the_same_one_lines(cluster, tmp_path):
+    """A library failing inside a stage on a Dask worker: the line and the log of a local build (written by the
+    build, from the worker's reply); a stage past its limit there: stopped on the worker, the same line."""
+    from test_stage_failures import IGNORING, MODELS
+    from test_time_limits import SLOW
+
+    address, _ = cluster
+    project = Project(tmp_path)
+    (project.root / "failing.py").write_text(MODELS)
+    (project.root / "slow.py").write_text(SLOW)
+    project.write_recipe(IGNORING)
+    project.write_recipe({"name": "slow", "model": {"factory": "slow:make"}, "input": {"shape": [1, 8]},
+                          "limits": {"stage_seconds": 5}, "targets": [{"backend": "xnnpack"}]})
+
+    result = mobilebuild(project.root, "build", "--dask", address, "checkpoint", "script",
+                         env={"MOBILEBUILD_CACHE": str(tmp_path / "c")})
+
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    errors = sorted(line for line in result.stderr.splitlines() if line.startswith("ERROR"))
+    assert len(errors) == 2, result.stderr
+    assert errors[0] == ("ERROR: checkpoint:slow: recipes/slow.yaml: stopped after 5 s: the stage's time limit "
+                         "(limits.stage_seconds); nothing was written")
+    assert errors[1].startswith("ERROR: script:ign-fp32: recipes/ign.yaml: torch failed: RuntimeError: Could not "
+                                "export Python function call '_forward_cross_attn'.")
+    assert errors[1].endswith("(traceback: .mobilebuild/logs/script/ign-fp32.log)")
+    assert "Traceback" in (project.root / ".mobilebuild/logs/script/ign-fp32.log").read_text()
+
+
 def test_dask_without_the_cache_is_refused_in_one_line(cluster, tmp_path):
     address, _ = cluster
     project = Project(tmp_path)

@@ -32,6 +32,7 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(private_tmp))
+    worker_pool.close_all()  # a worker an earlier test left has the TMPDIR it started with
     (tmp_path / "convrelu.py").write_text("from torch import nn\n\n\ndef make():\n"
                                           "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())\n")
     torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).state_dict(), tmp_path / "model.pt")

@@ -46,6 +46,17 @@ def clean_output(path):
             break
 
 
+def clean_log(node):
+    """doit clean: the node's log, if it failed (execute.log_path), and the folders left empty."""
+    path = execute.log_path(node)
+    path.unlink(missing_ok=True)
+    for directory in (path.parent, path.parent.parent):
+        try:
+            directory.rmdir()
+        except OSError:
+            break
+
+
 def write_report(invalid=None):
     """The report; `invalid` ({recipe file: its problems}) are listed as not built."""
     from mobilebuild.results import report

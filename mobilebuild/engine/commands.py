@@ -12,6 +12,7 @@ from doit.cmd_base import Command, DoitCmdBase
 from doit.exceptions import InvalidCommand
 
 from mobilebuild import store
+from mobilebuild.engine import execute
 from mobilebuild.engine.uptodate import NodeUpToDate
 from mobilebuild.plan import graph, recipe, stages
 
@@ -148,7 +149,8 @@ def why(task, status):
 
 class Clean(cmd_clean.Clean):
     """doit clean in one line, the number of files it removed, instead of a line per clean action (80 for a small
-    repository). Cleaning everything also removes what `doit graph` wrote, and artifacts/ once empty."""
+    repository). Cleaning everything also removes what `doit graph` wrote, failed nodes' logs (.mobilebuild/logs), and
+    artifacts/ once empty."""
 
     def _execute(self, dryrun, cleandep, cleanall, cleanforget, pos_args=None):
         if dryrun:  # listing what would be done is the point of a dry run
@@ -163,6 +165,7 @@ class Clean(cmd_clean.Clean):
             for leftover in Path(graph.ARTIFACTS_DIR).glob("graph.*"):
                 leftover.unlink()
             _remove_tune_candidates()
+            shutil.rmtree(execute.LOG_DIR, ignore_errors=True)  # failed nodes' tracebacks, those of gone tasks too
             for folder in BUILT_FOLDERS:
                 _remove_empty_folders(Path(folder))
         removed = len(before - _built_files())

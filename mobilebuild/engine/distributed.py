@@ -56,9 +56,10 @@ def client():
     return found
 
 
-def run_remote(node, request, shared, key, python=None):
+def run_remote(node, request, shared, key, python=None, timeout=None):
     """Build `node` (the stage worker's `request` for it) on a Dask worker; return the stage worker's reply, which
-    execute.py reads as for a local run. On success the output is in the cache under `key`."""
+    execute.py reads as for a local run. On success the output is in the cache under `key`. Past `timeout` seconds
+    the stage worker there is stopped (worker_pool.StageStopped comes back)."""
     from mobilebuild import store
 
     files = {}
@@ -66,12 +67,12 @@ def run_remote(node, request, shared, key, python=None):
         digest = store.sha256_file(path)
         shared.store(digest, {"blob": Path(path)})  # nothing when there (a signing cache replaces an untrusted one)
         files[path] = digest
-    future = client().submit(build_on_worker, request, files, shared.url, key, python,
+    future = client().submit(build_on_worker, request, files, shared.url, key, python, timeout,
                              key=f"{node.task_name}-{key[:16]}", pure=False)
     return future.result()
 
 
-def build_on_worker(request, files, cache_url, key, python=None):
+def build_on_worker(request, files, cache_url, key, python=None, timeout=None):
     """On a Dask worker: fetch the inputs into a scratch repository, run the stage, publish the output. The cache's
     signing key comes from the worker's own environment (MOBILEBUILD_CACHE_KEY), never through the scheduler."""
     from mobilebuild.engine import cache, worker_pool
@@ -91,8 +92,8 @@ def build_on_worker(request, files, cache_url, key, python=None):
         output = scratch / request["output"]
         output.parent.mkdir(parents=True, exist_ok=True)
         reply = worker_pool.call({**request, "root": str(scratch),
-                             "output": str(output.with_name(f".{output.name}.partial"))}, python)
-        if set(reply) & {"error", "oserror", "crash"}:
+                             "output": str(output.with_name(f".{output.name}.partial"))}, python, timeout)
+        if set(reply) & {"error", "oserror", "failure", "crash"}:
             return reply
         os.replace(output.with_name(f".{output.name}.partial"), output)
         shared.store(key, {"artifact": output})

@@ -20,6 +20,7 @@ from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.plan import stages
 
 UNTRUSTED_LOG = ".mobilebuild/cache-untrusted.jsonl"  # this build's ignored cache entries, summed up at its end
+LOG_DIR = ".mobilebuild/logs"  # a failed node's traceback: <stage>/<name>.log (ignored; `doit clean` removes it)
 # The value a node's task keeps (doit's task.values, from what its action returns) when the shared cache gave its
 # output: how an in-process run (engine/runner.py) tells a fetched artifact from a built one.
 FROM_CACHE = "from_cache"
@@ -31,6 +32,7 @@ def run_node(node):
     started = time.perf_counter()
     shared, key = _cache_entry(node)
     if key is not None and _fetch(node, shared, key):
+        log_path(node).unlink(missing_ok=True)
         print(f"   {node.output} (from the cache)", flush=True)
         return {FROM_CACHE: True}
     remote = distributed.address() is not None and not stages.get(node.stage).in_process
@@ -45,8 +47,15 @@ def run_node(node):
         return TaskFailed(str(exc.located(node.recipe_file)))
     except OSError as exc:  # a full disk, a file-size limit, a read-only artifacts folder: the machine, not the recipe
         return TaskFailed(_os_problem(exc, node.output))
+    except LibraryFailed as exc:
+        return TaskFailed(_library_problem(node, exc.failure))
+    except worker_pool.StageStopped as exc:
+        field = f"limits.{stages.get(node.stage).limit}"
+        return TaskFailed(f"{node.recipe_file}: stopped after {exc.seconds:g} s: the stage's time limit ({field}); "
+                          "nothing was written")
     except worker_pool.WorkerDied as exc:
         return TaskFailed(f"{node.recipe_file}: {node.task_name}: {exc}; nothing was written")
+    log_path(node).unlink(missing_ok=True)  # an earlier failure's traceback: not this node's any more
     size = os.path.getsize(node.output)
     print(f"   {node.output} ({size / 1e6:.2f} MB, {time.perf_counter() - started:.1f} s)", flush=True)
     if key is not None and not remote:  # a Dask worker has stored it
@@ -147,9 +156,20 @@ def run_in_process(node, output):
 def _run_stage(node, output):
     stage = stages.get(node.stage)
     if stage.in_process:
-        run_in_process(node, output)
+        try:
+            run_in_process(node, output)
+        except (MobileBuildError, OSError):
+            raise
+        except Exception as exc:  # a library's (matplotlib's) failure is the user's one line; ours, a traceback
+            from mobilebuild.worker import failures  # no torch there
+
+            failure = failures.library_failure(exc)
+            if failure is None:
+                raise
+            raise LibraryFailed(failure) from None
         return
-    reply = worker_pool.call({**request(node, output), "root": os.getcwd()}, python=node.interpreter)
+    reply = worker_pool.call({**request(node, output), "root": os.getcwd()}, python=node.interpreter,
+                             timeout=node.time_limit)
     _raise_failure(node, reply)
 
 
@@ -164,7 +184,8 @@ def _build_remotely(node, shared, key):
         raise MobileBuildError(f"a build on Dask moves files through the shared artifact cache, which is read-only "
                                f"here ({cache.READ_ONLY_VARIABLE}): build on Dask where the cache may be written")
     try:
-        reply = distributed.run_remote(node, request(node, node.output), shared, key, python=node.interpreter)
+        reply = distributed.run_remote(node, request(node, node.output), shared, key, python=node.interpreter,
+                                       timeout=node.time_limit)
     except OSError as exc:  # uploading the inputs; the message names the cache by its redacted location only
         raise MobileBuildError(f"cannot write to the artifact cache at {shared.location}: "
                                f"{exc.strerror or type(exc).__name__}") from None
@@ -186,6 +207,8 @@ def _raise_failure(node, reply):
     if "oserror" in reply:
         problem = reply["oserror"]
         raise OSError(problem["errno"], problem["strerror"] or problem["text"], problem["filename"])
+    if "failure" in reply:  # a library failing on the model (worker/failures.py)
+        raise LibraryFailed(reply["failure"])
     if "crash" in reply:  # a bug of mobilebuild's, not the user's: the traceback is for us
         raise RuntimeError(f"{node.task_name} crashed in its worker:\n{reply['crash']}")
 
@@ -207,3 +230,32 @@ def _os_problem(exc, output):
     if name is None or name == output or name == output.parent or name.name.startswith(f".{output.name}"):
         return f"cannot write {output}: {exc.strerror or exc}"
     return f"{name}: {exc.strerror or exc}"
+
+
+class LibraryFailed(Exception):
+    """A stage failed inside a library (or the model's own code), not in mobilebuild: `failure` is
+    worker/failures.library_failure's record of it."""
+
+    def __init__(self, failure):
+        super().__init__(failure["error"])
+        self.failure = failure
+
+
+def log_path(node):
+    """Where a failed node's traceback goes."""
+    return Path(LOG_DIR, node.stage, f"{node.name}.log")
+
+
+def _library_problem(node, failure):
+    """One line for a stage a library failed in: who raised what, where in the model, and the log that holds its
+    traceback (written here: a Dask worker's reply brings it back)."""
+    path = log_path(node)
+    where = f" at {failure['part']}" if failure.get("part") else ""
+    header = (f"{node.task_name} ({node.recipe_file}): {failure['raised_by']} raised it{where}, "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n\n")
+    try:
+        store.write_text(path, header + failure["traceback"])
+        kept = f" (traceback: {path.as_posix()})"
+    except OSError as exc:
+        kept = f" (its traceback could not be kept: {path.as_posix()}: {exc.strerror or exc})"
+    return f"{node.recipe_file}: {failure['raised_by']} failed{where}: {failure['error']}{kept}"

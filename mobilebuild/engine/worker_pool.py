@@ -5,12 +5,14 @@ the same in every build (reproducible.py); a crash in native code (a segfault, a
 instead of the whole build; and a target may name another interpreter (`toolchain:`, e.g. a torch built with
 Vulkan), which then runs its stages.
 
-The protocol is one JSON line per request and per reply, on the worker's stdin and on a pipe of its own. What a
-stage prints comes back in the reply, and the build prints it as the task's output. This module is imported by the
-task layer and must not import torch: the worker's side is mobilebuild.worker.serve.
+The protocol is one JSON line per request and per reply (after a STARTED line as the stage starts), on the worker's
+stdin and on a pipe of its own. What a stage prints comes back in the reply, and the build prints it as the task's
+output. A stage past its time limit (the recipe's `limits`) is stopped: its worker, and what that started, killed.
+This module is imported by the task layer and must not import torch: the worker's side is mobilebuild.worker.serve.
 """
 
 import atexit
+import contextlib
 import json
 import multiprocessing.util
 import os
@@ -28,8 +30,23 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 STAGE_THREADS = "1"
 
 
+# The worker's line when the stage starts, before its reply (worker/serve.py)
+STARTED = json.dumps({"started": True})
+
+
 class WorkerDied(Exception):
     """The worker process ended while running a stage (killed, or a crash in native code)."""
+
+
+class StageStopped(Exception):
+    """The stage ran past its time limit: its worker, and every process the worker started, were killed."""
+
+    def __init__(self, seconds):
+        super().__init__(seconds)  # its only argument: it comes back whole from a Dask worker (pickled)
+        self.seconds = seconds
+
+    def __str__(self):
+        return f"stopped after {self.seconds:g} s"
 
 
 class Worker:
@@ -45,22 +62,58 @@ class Worker:
         os.close(reply_write)
         self.replies = os.fdopen(reply_read, "r")
 
-    def call(self, request):
+    def call(self, request, timeout=None):
+        """The worker's reply to `request`. Past `timeout` seconds (None: no limit) the worker, and what it started,
+        is killed and StageStopped raised. The time runs from the request, and again from the stage's start (the
+        worker's STARTED line): the wait for a measurement on this host to end (worker/measure_alone.py) is not the
+        stage's, unless it alone outlasts the limit."""
+        self.stopped = False
+        timer = self._timer(timeout)
         try:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             line = self.replies.readline()
+            if line.strip() == STARTED:
+                if timer is not None:
+                    timer.cancel()
+                timer = self._timer(timeout)
+                line = self.replies.readline()
         except (BrokenPipeError, OSError):
             line = ""
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if not line and self.stopped:
+            self.process.wait()
+            raise StageStopped(timeout)
         if not line:
             code = self.process.wait()
             reason = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
             raise WorkerDied(f"the stage's process ended ({reason})")
         return json.loads(line)
 
+    def _timer(self, timeout):
+        if not timeout:
+            return None
+        timer = threading.Timer(timeout, self.stop)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def stop(self):
+        """Kill the worker and what it started (a benchmark's forkserver and its measuring process, a converter's
+        tool): they would otherwise run on, or hold the host's measurement lock."""
+        self.stopped = True
+        started = _descendants(self.process.pid)
+        for pid in [self.process.pid, *started]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
     def close(self):
-        if self.process.poll() is None:
+        running = self.process.poll() is None
+        with contextlib.suppress(OSError):  # a dead worker's pipe: the flush may find it broken
             self.process.stdin.close()
+        if running:
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -72,9 +125,10 @@ _workers = {}
 _owner = None
 
 
-def call(request, python=None):
+def call(request, python=None, timeout=None):
     """Run `request` in the worker for `python` (this interpreter by default), starting it on first use, and
-    again after it died. Each thread has workers of its own (`doit -P thread`, Dask worker threads)."""
+    again after it died or was stopped past `timeout` seconds (StageStopped). Each thread has workers of its own
+    (`doit -P thread`, Dask worker threads)."""
     global _owner
     if _owner != os.getpid():  # a forked doit process (`doit -n N`) gets workers of its own
         _workers.clear()
@@ -86,10 +140,36 @@ def call(request, python=None):
     if worker is None or worker.process.poll() is not None:
         worker = _workers[slot] = Worker(slot[0])
     try:
-        return worker.call(request)
-    except WorkerDied:
+        return worker.call(request, timeout)
+    except (WorkerDied, StageStopped):
         del _workers[slot]
+        worker.close()
         raise
+
+
+def _descendants(pid):
+    """The processes below `pid`, from /proc (Linux); none where there is no /proc."""
+    children = {}
+    try:
+        entries = os.scandir("/proc")
+    except OSError:
+        return []
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])  # the name, in (), may hold spaces
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], [pid]
+    while pending:
+        below = children.get(pending.pop(), [])
+        found += below
+        pending += below
+    return found
 
 
 @atexit.register

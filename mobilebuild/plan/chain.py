@@ -252,7 +252,7 @@ def checked_node(recipe, stage, name, settings, inputs, output, **extra):
                                     for role, source in inputs.items()})
     return Node(stage, name, recipe=recipe.name, recipe_file=recipe.file, settings=settings,
                 inputs={role: source.output if isinstance(source, Node) else source for role, source in inputs.items()},
-                output=output, **extra)
+                output=output, time_limit=recipe.limits.get(stages.get(stage).limit), **extra)
 
 
 def files_below(directory, root):

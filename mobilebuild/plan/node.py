@@ -22,6 +22,9 @@ class Node:
     # `prune` or `quantize`, the target itself for "targets". Not part of the key: reordering targets rebuilds nothing.
     fields: dict = field(default_factory=dict)
     interpreter: str | None = None  # another Python that runs the stage (a target's `toolchain`)
+    # Seconds it may run before its worker is stopped (the recipe's `limits`, by its stage's Stage.limit); None: no
+    # limit. Not part of the key: it changes no artifact.
+    time_limit: float | None = None
 
     @functools.cached_property
     def config(self):

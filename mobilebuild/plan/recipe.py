@@ -84,6 +84,7 @@ class Recipe:
     benchmark: dict
     targets: tuple = field(default_factory=tuple)
     outputs: list | None = None  # names for the output tensors, in flattening order
+    limits: dict = field(default_factory=dict)  # seconds a stage may run, by kind: stage_seconds, layers_seconds
 
 
 def schema():
@@ -557,7 +558,7 @@ def load(path, root, cache=None):
         name=data["name"], file=file, sha256=hashlib.sha256(raw).hexdigest(), model=model,
         inputs=inputs, fuse=data["fuse"], prune=recipe_prune, quantize=data["quantize"], script=data["script"],
         verify=data["verify"], benchmark=data["benchmark"], targets=tuple(targets),
-        outputs=data.get("outputs"),
+        outputs=data.get("outputs"), limits=data["limits"],
     )
 
 

@@ -215,6 +215,9 @@ class Stage:
     form: str | None = None
     # Its settings' recipe fields where they differ from RECIPE_FIELDS' (see recipe_field)
     recipe_fields: dict = field(default_factory=dict)
+    # The setting under the recipe's `limits` that bounds how long a node of it may run (its worker is stopped past
+    # it). Not a setting of the stage: a time limit changes no artifact, so it keys nothing (Node.time_limit).
+    limit: str = "stage_seconds"
 
     @property
     def module_path(self):
@@ -282,7 +285,8 @@ for _stage in (
     Stage("layers", LayersConfig, {"model": ("fuse",), "quantized": ("quantize",), "artifact": (SHIPPED,)},
           "Per-layer error of each int8 artifact the host runs: its layers against the float model's, each fed "
           "the float model's inputs, the worst first.", "#e4d7ee",
-          recipe_fields={"seed": "verify.seed", "top": "verify.layers_top", "mode": "quantize.mode"}),
+          recipe_fields={"seed": "verify.seed", "top": "verify.layers_top", "mode": "quantize.mode"},
+          limit="layers_seconds"),
     # The manifest reads results as they are now, which no key describes: it is always written afresh (and cheap).
     Stage("manifest", ManifestConfig, None, "artifacts/<recipe>/manifest.json: every file with its stage, target, "
           "sha256 and size.", "#eeeeee", in_process=True, cached=False),

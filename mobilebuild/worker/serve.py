@@ -14,9 +14,10 @@ import traceback
 import warnings
 from pathlib import Path
 
+from mobilebuild.engine.worker_pool import STARTED
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import stages
-from mobilebuild.worker import measure_alone, progress, quiet
+from mobilebuild.worker import failures, measure_alone, progress, quiet
 
 # torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
 # recipe.
@@ -67,9 +68,11 @@ def _resolve(path):
     return getattr(importlib.import_module(module), name)
 
 
-def handle(request):
-    """A request from the build -> its reply: empty, a user error, an OS error, or a crash's traceback, and
-    what the stage printed, which the build prints as the task's output (doit may capture it, e.g. `-r json`)."""
+def handle(request, started=None):
+    """A request from the build -> its reply: empty, a user error, an OS error, a library's failure on the model
+    (worker/failures.py), or a crash's traceback; and what the stage printed, which the build prints as the task's
+    output (doit may capture it, e.g. `-r json`). `started()` is called as the stage starts, once no measurement
+    holds it back: its time limit runs from then (engine/worker_pool.py)."""
     printed = io.StringIO()
     request = dict(request)
     measures = request.pop("measures", None)
@@ -78,6 +81,8 @@ def handle(request):
     alongside = (contextlib.nullcontext() if measures  # one that measures takes the host lock itself, to measure
                  else measure_alone.stage_running(request.get("task"), request.get("root")))
     with contextlib.redirect_stdout(printed), alongside:
+        if started is not None:
+            started()
         reply = _outcome(request)
     sys.stderr.flush()
     return {**reply, "printed": printed.getvalue()}
@@ -92,8 +97,21 @@ def _outcome(request):
     except OSError as exc:
         return {"oserror": {"errno": exc.errno, "strerror": exc.strerror, "filename": _text(exc.filename),
                             "text": str(exc)}}
-    except Exception:  # noqa: BLE001 - any other failure is a bug of ours: its traceback goes back to the build
-        return {"crash": traceback.format_exc()}
+    except Exception as exc:  # noqa: BLE001 - a library failing on the model, else a bug of ours
+        failure = failures.library_failure(exc, _first_line())
+        if failure is not None:
+            return {"failure": failure}
+        return {"crash": traceback.format_exc()}  # its traceback goes back to the build
+
+
+def _first_line():
+    """modeling.first_line (whole sentences, TorchScript's source pointer) where torch is loaded; None: the plain
+    first line."""
+    if "torch" not in sys.modules:
+        return None
+    from mobilebuild.worker.stages import modeling
+
+    return modeling.first_line
 
 
 def _text(filename):
@@ -104,8 +122,12 @@ def serve(reply_fd):
     """Run requests until stdin closes."""
     _die_with_parent()
     with os.fdopen(reply_fd, "w") as replies:
+        def started():
+            replies.write(STARTED + "\n")
+            replies.flush()
+
         for line in sys.stdin:
-            reply = handle(json.loads(line))
+            reply = handle(json.loads(line), started)
             replies.write(json.dumps(reply) + "\n")
             replies.flush()
 
