@@ -20,6 +20,61 @@ def private_artifact_cache(tmp_path_factory):
     if "MOBILEBUILD_CACHE" not in os.environ:
         os.environ["MOBILEBUILD_CACHE"] = str(tmp_path_factory.mktemp("artifact-cache"))
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Stages called in-process here compute on one thread, as the build's stage workers do (OMP_NUM_THREADS=1,
+    engine/worker_pool.py). torch's default, a thread per core, makes the tiny models' operators wait on each other
+    (ten times slower on a busy 2-core machine); timing.py sets the recipe's own count where a test measures."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+# The token input of tiny_models' Transformers, as test_export, test_layers and test_layers_onnx declare it.
+TOKENS = {"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous",
+          "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}
+TOKENS_AND_MASK = [{**TOKENS, "name": name, "range": [0, high]} for name, high in (("ids", 100), ("mask", 2))]
+
+
+@pytest.fixture(scope="session")
+def int8_onnx(tmp_path_factory):
+    """(factory, mode) -> an int8 ONNX export by the export stage, made once for the test files that read it (an
+    export takes a second or more, whatever the model's size): a namespace of its folder (fused.pt in it, as the fuse
+    stage stores the model), the settings that rebuild the model, the .onnx and what the stage printed.
+    tiny_transformer takes TOKENS, tiny_encoder TOKENS_AND_MASK; static mode calibrates on 8 random batches."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    import tiny_models
+
+    from mobilebuild.routes.onnx import ExportConfig
+    from mobilebuild.worker import reproducible
+    from mobilebuild.worker.stages import export
+
+    made = {}
+
+    def exported(factory, mode):
+        if (factory, mode) not in made:
+            folder = tmp_path_factory.mktemp(f"{factory}-{mode}")
+            rebuild = tiny_models.stored_fused(getattr(tiny_models, factory)(), folder / "fused.pt",
+                                               f"tiny_models:{factory}")
+            inputs = TOKENS_AND_MASK if factory == "tiny_encoder" else [TOKENS]
+            calibration = {"source": "random", "batches": 8, "seed": 0} if mode == "static" else None
+            config = ExportConfig(precision="int8", inputs=inputs, options={}, mode=mode, calibration=calibration,
+                                  **rebuild)
+            printed = io.StringIO()
+            with reproducible.plain_attention(), contextlib.redirect_stdout(printed):  # as every stage runs
+                export.run({"model": folder / "fused.pt"}, config, folder / f"{mode}.onnx")
+            made[factory, mode] = SimpleNamespace(folder=folder, rebuild=rebuild, path=folder / f"{mode}.onnx",
+                                                  printed=printed.getvalue())
+        return made[factory, mode]
+
+    return exported
+
+
 # A tiny model with the layout that trips optimize_for_mobile on traced modules: Conv(bias=False) then BatchNorm.
 TINYNET = textwrap.dedent('''
     import torch

@@ -73,20 +73,22 @@ CALIBRATION = {"source": "random", "batches": 16, "seed": 0}
 PASS_DB = 15  # verify.thresholds.int8.sqnr_db's default
 
 
-@pytest.fixture
-def outlier(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def outlier(tmp_path_factory):
     """factory -> (the fused model, the stage settings that rebuild it, its stored path)."""
-    (tmp_path / "outlier_net.py").write_text(OUTLIER)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path_factory.mktemp("outlier")
+    (folder / "outlier_net.py").write_text(OUTLIER)
 
     def make(factory="make"):
         import outlier_net
 
         model = fuse.fuse(getattr(outlier_net, factory)().eval(), "auto")[0].eval()
-        path = tmp_path / f"fused-{factory}.pt"
+        path = folder / f"fused-{factory}.pt"
         return model, stored_fused(model, path, factory=f"outlier_net:{factory}"), path
 
-    return make
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(folder))
+        yield make
 
 
 def held_out():
@@ -190,6 +192,7 @@ def lower_stage(tmp_path, rebuild, path, exclude=None, observer=None):
     return et_runtime.load(output, SimpleNamespace(inputs=INPUTS, timing={"threads": 1})), pte.read(output).delegation
 
 
+@pytest.mark.slow  # two int8 lowerings: ExecuTorch's quantizer and partitioner take seconds each on any model
 def test_executorch_xnnpack_int8_fails_with_the_block_quantized_and_passes_with_it_float(tmp_path, outlier):
     model, rebuild, path = outlier()
     default, _ = lower_stage(tmp_path, rebuild, path)
@@ -211,10 +214,26 @@ def export_stage(tmp_path, rebuild, path, exclude=None, observer=None):
     return (lambda x: torch.from_numpy(session.run(None, {"input": x.numpy()})[0])), onnx.load(output)
 
 
-def test_onnx_int8_fails_with_the_block_quantized_and_passes_with_it_float(tmp_path, outlier):
+@pytest.fixture(scope="module")
+def onnx_int8(outlier, tmp_path_factory):
+    """The outlier model, and (exclude, observer) -> its int8 ONNX export through the stage, each made once for the
+    tests that read it (exporting takes about a second, whatever the model's size)."""
     model, rebuild, path = outlier()
-    default, _ = export_stage(tmp_path, rebuild, path)
-    kept, proto = export_stage(tmp_path, rebuild, path, exclude=["broken"])
+    folder, made = tmp_path_factory.mktemp("onnx"), {}
+
+    def exported(exclude=None, observer=None):
+        key = (tuple(exclude or ()), observer)
+        if key not in made:
+            made[key] = export_stage(folder, rebuild, path, exclude, observer)
+        return made[key]
+
+    return model, exported
+
+
+def test_onnx_int8_fails_with_the_block_quantized_and_passes_with_it_float(onnx_int8):
+    model, exported = onnx_int8
+    default, _ = exported()
+    kept, proto = exported(exclude=["broken"])
     assert sqnr(model, default) < 6
     assert sqnr(model, kept) > PASS_DB + 10
     # the block's two convolutions read float weights; the others read dequantized int8 ones
@@ -248,9 +267,9 @@ def test_qnnpack_observers_each_measure_their_own_ranges(tmp_path, outlier):
     assert sqnr(model, kept) > PASS_DB + 10
 
 
-def test_onnx_observers_are_onnxruntimes_calibration_methods(tmp_path, outlier):
-    model, rebuild, path = outlier()
-    found = {observer: sqnr(model, export_stage(tmp_path, rebuild, path, observer=observer)[0])
+def test_onnx_observers_are_onnxruntimes_calibration_methods(onnx_int8):
+    model, exported = onnx_int8
+    found = {observer: sqnr(model, exported(observer=observer)[0])
              for observer in (None, "minmax", "moving_average", "percentile")}
     assert found[None] == found["minmax"]
     assert len({found["minmax"], found["moving_average"], found["percentile"]}) == 3

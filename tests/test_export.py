@@ -287,12 +287,11 @@ def text_sqnr(model, path, length):
 
 
 @pytest.fixture(scope="module")
-def text_exports(tmp_path_factory):
-    """A tiny Transformer's int8 ONNX models: static (calibrated QDQ) and dynamic."""
-    folder = tmp_path_factory.mktemp("text")
-    model, static = export_text(folder, "static")
-    _, dynamic = export_text(folder, "dynamic")
-    return model, static, dynamic, folder
+def text_exports(int8_onnx):
+    """A tiny Transformer's int8 ONNX models: static (calibrated QDQ) and dynamic (conftest's, as export_text makes
+    them)."""
+    static, dynamic = int8_onnx("tiny_transformer", "static"), int8_onnx("tiny_transformer", "dynamic")
+    return tiny_models.tiny_transformer(), static.path, dynamic.path, dynamic.folder
 
 
 def test_dynamic_int8_is_onnxruntimes_dynamic_quantization_and_beats_static_on_a_transformer(text_exports):
@@ -308,10 +307,14 @@ def test_dynamic_int8_is_onnxruntimes_dynamic_quantization_and_beats_static_on_a
     assert facts["inputs"] == [{"name": "ids", "shape": [1, "seq"], "dtype": "int64"}]
 
 
-def test_dynamic_int8_keeps_excluded_modules_float_and_is_reproducible(text_exports, tmp_path):
-    model, _, dynamic, folder = text_exports
+def test_dynamic_int8_is_reproducible(text_exports, tmp_path):
+    _, _, dynamic, _ = text_exports
     _, again = export_text(tmp_path, "dynamic")
     assert again.read_bytes() == dynamic.read_bytes()
+
+
+def test_dynamic_int8_keeps_excluded_modules_float(text_exports, tmp_path):
+    model, _, dynamic, _ = text_exports
     _, kept = export_text(tmp_path, "dynamic", name="kept", exclude=["head", "mlp"])  # nodes_to_exclude
     assert ort_runtime.inspect(kept, {})["op_types"].get("MatMulInteger") == 2  # qkv, proj
     _, none = export_text(tmp_path, "dynamic", name="none", exclude=["Linear", "Embedding"])
@@ -347,24 +350,20 @@ def encoder_sqnr(model, path, length):
     return sqnr_db(reference, output), bool(torch.isnan(output).any())
 
 
-def test_static_int8_keeps_an_attention_masks_infinite_tensors_float(tmp_path, capsys):
+def test_static_int8_keeps_an_attention_masks_infinite_tensors_float(int8_onnx):
     """nn.TransformerEncoder's padding mask becomes an additive mask of 0 and -inf: quantize_static calibrated it
     and the masked scores to a scale of inf, so the shipped model's masked attention scores were all NaN
     (val_114_DequantizeLinear_Output) and attention added nothing: 11.1 / 11.4 / 10.2 dB at 4 / 16 / 32 tokens.
     The nodes making or taking those tensors stay float, said in one line: 15.5 / 33.3 / 32.3 dB."""
     from onnx import numpy_helper
 
-    from mobilebuild.worker import reproducible
-
     model = tiny_models.tiny_encoder()
-    rebuild = tiny_models.stored_fused(model, tmp_path / "fused.pt", "tiny_models:tiny_encoder")
-    output = tmp_path / "static.onnx"
-    with reproducible.plain_attention():  # as every stage runs (reproducible.stage_session)
-        export.run({"model": tmp_path / "fused.pt"}, ExportConfig(precision="int8", inputs=TOKENS_AND_MASK,
-                                                                  options={}, calibration=CALIBRATION, **rebuild),
-                   output)
+    # the stage's export of it (TOKENS_AND_MASK, CALIBRATION) under plain_attention, as every stage runs
+    # (reproducible.stage_session), with what it printed: conftest's, shared with test_layers_onnx
+    exported = int8_onnx("tiny_encoder", "static")
+    output = exported.path
 
-    said = [line for line in capsys.readouterr().out.splitlines() if "kept float" in line]
+    said = [line for line in exported.printed.splitlines() if "kept float" in line]
     assert len(said) == 1 and "reaches -inf" in said[0] and "Softmax" in said[0], said
     assert "encoder.layers.0.self_attn: " in said[0]
     proto = onnx.load(output)

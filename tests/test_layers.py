@@ -8,12 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 from layers_support import BROKEN, CALIBRATION, INPUTS, fused_model, layers_config, method, run_layers
-from tiny_models import stored_fused
 
 from mobilebuild.plan import stages
-from mobilebuild.routes import onnx as onnx_route
 from mobilebuild.worker.layers import common
-from mobilebuild.worker.stages import calibration, export, fuse, layers, modeling, quantize
+from mobilebuild.worker.stages import calibration, fuse, layers, modeling, quantize
 
 
 def test_the_stage_calls_the_compare_hook_of_the_module_config_method_names(tmp_path, monkeypatch, capsys):
@@ -79,37 +77,37 @@ def test_the_build_writes_each_int8_targets_worst_layers_to_the_manifest_and_the
     assert listed.returncode == 0 and "layers:" not in listed.stdout and "verify:tiny-qnnpack" in listed.stdout
 
 
-def test_a_layer_kept_float_by_quantize_exclude_is_no_longer_to_blame(tmp_path):
+# pt2e: ExecuTorch's XNNPACK quantizer, static, takes seconds on any model
+@pytest.mark.parametrize("route", ["eager", pytest.param("pt2e", marks=pytest.mark.slow)])
+def test_a_layer_kept_float_by_quantize_exclude_is_no_longer_to_blame(tmp_path, route):
     source = fused_model(tmp_path)
-    fused = fuse.load(str(tmp_path / "fused.pt"), SimpleNamespace(**source))
-    quantized = quantize.static(fused, "qnnpack", calibration.batches(CALIBRATION, INPUTS), specs=INPUTS,
-                                exclude=[BROKEN])
-    modeling.save(quantized.state_dict(), tmp_path / "quantized.pt")
-    quantization = {"mode": "static", "weights": None, "exclude": [BROKEN]}
+    if route == "eager":
+        fused = fuse.load(str(tmp_path / "fused.pt"), SimpleNamespace(**source))
+        quantized = quantize.static(fused, "qnnpack", calibration.batches(CALIBRATION, INPUTS), specs=INPUTS,
+                                    exclude=[BROKEN])
+        modeling.save(quantized.state_dict(), tmp_path / "quantized.pt")
+        quantization = {"mode": "static", "weights": None, "exclude": [BROKEN]}
+        result = run_layers(tmp_path, layers_config("eager", source, engine="qnnpack", quantization=quantization),
+                            {"quantized": str(tmp_path / "quantized.pt")})
+    else:
+        result = run_layers(tmp_path, layers_config("pt2e", source, options={}, exclude=[BROKEN]), {})
 
-    eager = run_layers(tmp_path, layers_config("eager", source, engine="qnnpack", quantization=quantization),
-                       {"quantized": str(tmp_path / "quantized.pt")})
-    pt2e = run_layers(tmp_path, layers_config("pt2e", source, options={}, exclude=[BROKEN]), {})
-
-    for result in (eager, pt2e):
-        assert result["layers"][0]["sqnr_db"] > 25, result["layers"]
+    assert result["layers"][0]["sqnr_db"] > 25, result["layers"]
 
 
-def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path):
+def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path, int8_onnx):
     """quantize.mode: dynamic: no calibration; ExecuTorch's graph is quantized again dynamically, and ONNX Runtime's
     integer units (DynamicQuantizeLinear, MatMulInteger, the rescaling after it) are cut out of the shipped model;
     each is named by its module, on a model with a dynamic dim."""
-    from tiny_models import tiny_transformer
-
     tokens = [{"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous",
                "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}]
-    source = stored_fused(tiny_transformer(), tmp_path / "fused.pt", factory="tiny_models:tiny_transformer")
-    model = {"model": str(tmp_path / "fused.pt")}
-    export.run(model, onnx_route.ExportConfig(precision="int8", inputs=tokens, options={}, mode="dynamic", **source),
-               tmp_path / "dynamic.onnx")
+    # the export stage's dynamic int8 of tiny_models.tiny_transformer on these tokens (conftest's, shared)
+    exported = int8_onnx("tiny_transformer", "dynamic")
+    source = exported.rebuild
+    model = {"model": str(exported.folder / "fused.pt")}
     linears = {"qkv", "proj", "mlp.0", "mlp.2", "head"}
-    shipped = {"artifact": str(tmp_path / "dynamic.onnx")}
-    for route, extra, artifact in (("pt2e", set(), {}), ("onnx", {"tokens"}, shipped)):  # ONNX: its int8 embedding
+    shipped = {**model, "artifact": str(exported.path)}
+    for route, extra, artifact in (("pt2e", set(), model), ("onnx", {"tokens"}, shipped)):  # ONNX: its int8 embedding
         config = stages.LayersConfig(method=method(route), precision="int8", inputs=tokens, samples=4, seed=0, top=10,
                                      options={}, mode="dynamic", **source)
         result = run_layers(tmp_path, config, artifact)

@@ -9,7 +9,6 @@ from layers_support import (
     TOKENS_AND_MASK,
     assert_broken_first,
     assert_real,
-    encoder_source,
     fused_model,
     layers_config,
     method,
@@ -58,29 +57,29 @@ def test_dynamic_int8_of_an_lstm_exported_by_torchscript_is_compared_per_module(
     assert all(30 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]
 
 
-def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path):
+def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path, int8_onnx):
     """positions[:, :seq] has no shape that inference can declare at a dynamic seq: the comparison read the float
     model's tensors flattened and could not shape them back ("Invalid rank for input: slice_1")."""
-    from tiny_models import tiny_transformer
-
     from mobilebuild.worker import reproducible
 
     tokens = [dict(TOKENS_AND_MASK[0])]
-    source = stored_fused(tiny_transformer(), tmp_path / "fused.pt", factory="tiny_models:tiny_transformer")
-    model = {"model": str(tmp_path / "fused.pt")}
+    # the export stage's static int8 of tiny_models.tiny_transformer on these tokens, calibrated on CALIBRATION
+    # (conftest's, shared)
+    exported = int8_onnx("tiny_transformer", "static")
+    source = exported.rebuild
     with reproducible.plain_attention():
-        export.run(model, onnx_route.ExportConfig(precision="int8", inputs=tokens, options={}, calibration=CALIBRATION,
-                                              **source), tmp_path / "static.onnx")
         config = stages.LayersConfig(method=method("onnx"), precision="int8", inputs=tokens, samples=4, seed=0, top=40,
                                      options={}, calibration=CALIBRATION, **source)
-        result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "static.onnx")})
+        result = run_layers(tmp_path, config, {"model": str(exported.folder / "fused.pt"),
+                                               "artifact": str(exported.path)})
 
     assert result["method"] == "onnx"
     assert_real(result)
     assert {"qkv", "proj", "mlp.0", "mlp.2", "head"} <= {row["name"] for row in result["layers"]}, result["layers"]
 
 
-def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention_and_logs_no_errors(tmp_path, caplog):
+def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention_and_logs_no_errors(tmp_path, caplog,
+                                                                                             int8_onnx):
     """Two inputs, a dynamic seq, nn.TransformerEncoder. quantize_static calibrated the additive attention mask (0 and
     -inf) to an infinite scale, and the int8 attention's masked scores were all NaN: the export now keeps those nodes
     float, and the comparison feeds a node the float model's value of an input left float (the mask), so the
@@ -91,16 +90,17 @@ def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention_and_logs_
 
     from mobilebuild.worker import reproducible
 
-    source = encoder_source(tmp_path)
-    model = {"model": str(tmp_path / "fused.pt")}
+    # the export stage's static int8 of tiny_models.tiny_encoder on TOKENS_AND_MASK, calibrated on CALIBRATION
+    # (conftest's, shared with test_export)
+    exported = int8_onnx("tiny_encoder", "static")
+    source = exported.rebuild
     with reproducible.plain_attention():
-        export.run(model, onnx_route.ExportConfig(precision="int8", inputs=TOKENS_AND_MASK, options={},
-                                              calibration=CALIBRATION, **source), tmp_path / "static.onnx")
         config = stages.LayersConfig(method=method("onnx"), precision="int8", inputs=TOKENS_AND_MASK, samples=4, seed=0,
                                      top=40, options={}, calibration=CALIBRATION, **source)
         caplog.clear()
         with caplog.at_level(logging.INFO):
-            result = run_layers(tmp_path, config, {"artifact": str(tmp_path / "static.onnx")})
+            result = run_layers(tmp_path, config, {"model": str(exported.folder / "fused.pt"),
+                                                   "artifact": str(exported.path)})
 
     assert_real(result)
     assert "not_compared" not in result, result["not_compared"]

@@ -142,6 +142,7 @@ def test_a_channels_last_input_config_still_gives_an_nchw_program_fully_delegate
     assert sqnr_db(reference, program(*modeling.example_inputs([NHWC], seed=7))) > 60
 
 
+@pytest.mark.slow  # an int8 lowering: XNNPACK's quantizer takes seconds on any model
 def test_xnnpack_int8_with_calibration_matches_reasonably(tmp_path):
     reference, output, path, _ = eager_and_program(tmp_path, fused(StubbedConvNet()), NCHW, precision="int8",
                                                    calibration=RANDOM_CALIBRATION)
@@ -158,7 +159,8 @@ def test_int8_calibration_batches_of_the_wrong_shape_name_the_calibration(tmp_pa
 
 
 @pytest.mark.parametrize(("delegate", "backend", "options"), [
-    ("vulkan", "VulkanBackend", {}),
+    # the Vulkan partitioner traces its fusable patterns (RoPE's among them) on every lowering: seconds on any model
+    pytest.param("vulkan", "VulkanBackend", {}, marks=pytest.mark.slow),
     ("coreml", "CoreMLBackend", {"compute_units": "cpu_and_ne", "compute_precision": "fp16"}),
     # MPS lowers on Linux too (the partitioner only serializes an MPSGraph); upstream deprecated it for Core ML
     ("mps", "MPSBackend", {}),
@@ -321,6 +323,7 @@ def text_programs(tmp_path_factory):
     return model, static, dynamic, path
 
 
+@pytest.mark.slow  # two int8 lowerings of a Transformer
 def test_dynamic_int8_beats_static_on_a_transformer_and_keeps_its_dynamic_dims(text_programs):
     model, static, dynamic, path = text_programs
     # measured: static 23.8 dB at the example length (and no other length runs); dynamic 44.1 / 44.5 / 46.5 dB
@@ -332,6 +335,7 @@ def test_dynamic_int8_beats_static_on_a_transformer_and_keeps_its_dynamic_dims(t
     assert pte.read(path).delegation["delegates"] == {"XnnpackBackend": 11}  # its Linears, quantized, delegated
 
 
+@pytest.mark.slow  # a third int8 lowering of it
 def test_dynamic_int8_keeps_excluded_modules_float(tmp_path, text_programs):
     model, _, dynamic, _ = text_programs
     kept, program, _ = lower_text(tmp_path, "dynamic", exclude=["Linear"])  # every Linear float: nothing quantized

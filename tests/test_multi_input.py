@@ -368,6 +368,7 @@ def test_static_int8_lets_integer_inputs_through_and_calibrates_across_the_dims(
     assert_matches(model, quantized, TEXT, floor=15.0)
 
 
+@pytest.mark.slow  # an int8 lowering: XNNPACK's quantizer takes seconds on any model
 def test_executorch_int8_of_a_model_with_dynamic_dims_is_fixed_at_the_example_sizes(tmp_path):
     torch.manual_seed(0)
     model = MaskedTextWithoutClamp().eval()
@@ -379,7 +380,7 @@ def test_executorch_int8_of_a_model_with_dynamic_dims_is_fixed_at_the_example_si
                    floor=25.0)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("int8", marks=pytest.mark.slow)])  # int8: as above
 def test_executorch_programs_take_every_input_at_any_size_in_range(tmp_path, precision):
     model = text_model() if precision == "fp32" else two_model()
     specs = TEXT if precision == "fp32" else TWO
@@ -391,8 +392,14 @@ def test_executorch_programs_take_every_input_at_any_size_in_range(tmp_path, pre
     assert_matches(model, program, specs, sizes=modeling.sizes(specs), floor=60.0 if precision == "fp32" else 15.0)
 
 
-def test_onnx_exports_named_inputs_outputs_and_dynamic_axes(tmp_path):
-    proto = export.export_float(two_model(), TWO)
+@pytest.fixture(scope="module")
+def two_onnx():
+    """The two-input model exported to ONNX, once for the tests that read it."""
+    return export.export_float(two_model(), TWO)
+
+
+def test_onnx_exports_named_inputs_outputs_and_dynamic_axes(tmp_path, two_onnx):
+    proto = two_onnx
     assert [value.name for value in proto.graph.input] == ["image", "side"]
     assert [value.name for value in proto.graph.output] == ["scores", "embedding"]
     renamed = export.export_float(two_model(), TWO, names=["logits", "vector"])
@@ -408,8 +415,8 @@ def test_onnx_exports_named_inputs_outputs_and_dynamic_axes(tmp_path):
     assert_matches(text_model(), ort_runtime.load(path, SimpleNamespace()), TEXT)
 
 
-def test_onnx_int8_calibration_feeds_every_input_by_name(tmp_path):
-    proto = export.export_float(two_model(), TWO)
+def test_onnx_int8_calibration_feeds_every_input_by_name(tmp_path, two_onnx):
+    proto = two_onnx
     settings = {"source": "random", "batches": 8, "seed": 0}
     quantized = export.quantize_int8(proto, settings, TWO)
     assert any(node.op_type == "QuantizeLinear" for node in quantized.graph.node)
@@ -516,6 +523,7 @@ def test_a_program_a_portable_kernel_refuses_is_refused_when_lowered():
                                            "failed (in.dim() == 3 || in.dim() == 4)")
 
 
+@pytest.mark.slow  # the int8 lowering fails only once XNNPACK has partitioned the quantized graph
 def test_a_quantized_operator_the_delegate_leaves_without_a_kernel_is_one_line():
     with pytest.raises(MobileBuildError) as caught:
         lower.lower_to_bytes(Video().eval(), CLIP, "xnnpack", "int8",

@@ -19,6 +19,7 @@ def test_artifacts_do_not_depend_on_the_hosts_thread_count(tmp_path):
     assert built[0] == built[1]
 
 
+@pytest.mark.slow  # a stage worker of its own (torch, ExecuTorch and coremltools imported) and a Core ML lowering
 def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, monkeypatch):
     """The worker skips the interpreter's slow teardown at exit, but not what libraries registered to run then:
     coremltools removes the temporary .mlpackage of every model it converted."""
