@@ -236,8 +236,12 @@ def parse(text, file):
     errors = sorted(_validator().iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.validator))
     if errors:
         # JSON Schema reports each missing required key on its own, and _describe names them all in each: one line
-        lines = (MobileBuildError(_describe(e), file=file, field=field_path(e.absolute_path) or "(top level)")
-                 for e in errors)
+        lines = [MobileBuildError(_describe(e), file=file, field=field_path(e.absolute_path) or "(top level)")
+                 for e in errors]
+        model = data.get("model")
+        if "input" not in data and "inputs" not in data and not (isinstance(model, dict) and "timm" in model):
+            # said with the schema's problems, as before timm models could leave their input out (checked after it)
+            lines.insert(0, MobileBuildError(ONE_OF_INPUTS, file=file, field="(top level)"))
         raise RecipeErrors({str(line): line for line in lines}.values())
     _apply_defaults(schema(), data)
     return data
