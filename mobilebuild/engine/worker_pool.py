@@ -22,6 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
+from mobilebuild.worker.progress import STARTED
+
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 # Stages compute with one thread on every host. Reductions split across threads round differently, so with torch's
 # default (a thread per core) batch-norm statistics, and every artifact after them, changed with the machine's core
@@ -29,9 +31,6 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 # faster choice here, since `doit -n N` runs N stages side by side (benchmarks set their own thread count).
 STAGE_THREADS = "1"
 
-
-# The worker's line when the stage starts, before its reply (worker/serve.py)
-STARTED = json.dumps({"started": True})
 
 
 class WorkerDied(Exception):

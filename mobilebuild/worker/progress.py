@@ -6,6 +6,8 @@ import contextlib
 import os
 import sys
 
+# The line a stage worker writes on its replies as a stage starts (engine/worker_pool.py starts the stage's clock)
+STARTED = '{"started": true}'
 # Set by a command whose own lines say how far it is (`mobilebuild tune`'s table, a row per candidate)
 SILENT = "MOBILEBUILD_NO_PROGRESS"
 

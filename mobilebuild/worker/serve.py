@@ -14,10 +14,10 @@ import traceback
 import warnings
 from pathlib import Path
 
-from mobilebuild.engine.worker_pool import STARTED
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import stages
 from mobilebuild.worker import failures, measure_alone, progress, quiet
+from mobilebuild.worker.progress import STARTED
 
 # torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
 # recipe.
@@ -118,9 +118,16 @@ def _text(filename):
     return filename.decode(errors="replace") if isinstance(filename, bytes) else filename
 
 
+# The built-in route families, registered as in the build: the toolchain a stage records (bench's result) lists their
+# packages in every worker, not only in one that happened to resolve a route module's settings type before. Named by
+# string, as the settings types are: the worker side does not import the route layer.
+ROUTE_FAMILIES = "mobilebuild.routes"
+
+
 def serve(reply_fd):
     """Run requests until stdin closes."""
     _die_with_parent()
+    importlib.import_module(ROUTE_FAMILIES)
     with os.fdopen(reply_fd, "w") as replies:
         def started():
             replies.write(STARTED + "\n")
