@@ -64,16 +64,8 @@ TOY_RUNTIME = textwrap.dedent('''
 TOY_DODO = textwrap.dedent('''
     from mobilebuild.plan import stages
     from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, register
+    from mobilebuild.routes.torchscript import eager_layers  # the quantize stage's model, layer by layer
     from toystage import ToyConfig, plan
-
-
-    def toy_layers(chain, common, files):
-        """The quantize stage's model against the float one, layer by layer (the eager method)."""
-        if "quantize" not in chain.nodes:
-            return None
-        settings = stages.LayersConfig(method="mobilebuild.worker.layers.eager", engine=chain.route.engine,
-                                       quantization=chain.quantization, **common)
-        return chain.layers_node(settings, {"quantized": chain.nodes["quantize"]}, files)
 
 
     def toy_check(check):
@@ -86,7 +78,7 @@ TOY_DODO = textwrap.dedent('''
                    Runtime("toyrt", "Toy Runtime", module="toyruntime",
                            structure=lambda facts: f"loaded by {facts.get('loaded_by')}"),
                    int8=Int8("eager", engine="qnnpack", observers=("histogram", "minmax")), section=Section("toy"),
-                   default=True, checks=Checks(preflight=toy_check, layers=toy_layers)))
+                   default=True, checks=Checks(preflight=toy_check, layers=eager_layers)))
 
     from mobilebuild.tasks import *  # noqa: E402,F401,F403
 ''')

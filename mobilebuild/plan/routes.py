@@ -126,10 +126,6 @@ class Route:
         return self.int8 is not None and self.int8.by == "eager"
 
     @property
-    def quantizes_in_final_stage(self):
-        return self.int8 is not None and self.int8.by == "final"
-
-    @property
     def observers(self):
         return self.int8.observers if self.int8 else ()
 

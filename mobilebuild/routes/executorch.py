@@ -3,7 +3,7 @@ static or dynamic), Vulkan, Core ML or MPS. XNNPACK programs run on the host thr
 only on devices, where the host reads what was delegated. Worker side: mobilebuild.worker.stages.lower,
 mobilebuild.worker.runtimes.executorch, mobilebuild.worker.pte."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mobilebuild.plan import stages
 from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, mapping, register, text
@@ -152,8 +152,7 @@ register(Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
                "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)", runtime(),
                int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES, fixed_shapes=INT8_FIXED),
                delegate="xnnpack", section=SECTION,
-               checks=Checks(preflight=preflight, hint=layout_hint, outputs=outputs, layers=pt2e_layers,
-                             layer_methods={"pt2e": "PT2E numeric debugger"})))
+               checks=replace(CHECKS, layers=pt2e_layers, layer_methods={"pt2e": "PT2E numeric debugger"})))
 register(Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte", "GPU through ExecuTorch's Vulkan delegate",
                runtime("a device with a Vulkan GPU and ExecuTorch's Vulkan runtime"), delegate="vulkan",
                section=SECTION, checks=CHECKS))

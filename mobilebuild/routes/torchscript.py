@@ -3,7 +3,7 @@ QNNPACK int8 (the quantize stage's eager or FX graph mode model) and the Vulkan 
 mobilebuild.worker.stages.script / optimize, mobilebuild.worker.runtimes.pytorch_mobile."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mobilebuild.plan import stages
 from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, register
@@ -134,19 +134,18 @@ CHECKS = Checks(preflight=preflight, outputs=outputs, device=device, fixed_shape
 
 register(Route("xnnpack", "pytorch-mobile", ("fp32",), STAGES, ".ptl",
                "fp32 CPU through XNNPACK prepacked kernels, TorchScript lite interpreter", RUNTIME, default=True,
-               checks=Checks(preflight=xnnpack_preflight, outputs=outputs, device=device, fixed_shapes=traced)))
+               checks=replace(CHECKS, preflight=xnnpack_preflight)))
 register(Route("qnnpack", "pytorch-mobile", ("int8",), STAGES, ".ptl",
                "int8 CPU through QNNPACK, eager post-training quantization, TorchScript lite interpreter", RUNTIME,
                int8=Int8("eager", engine="qnnpack", observers=TORCH_OBSERVERS), default=True,
-               checks=Checks(preflight=preflight, outputs=outputs, device=device, fixed_shapes=traced,
-                             layers=eager_layers, layer_methods=LAYER_METHODS)))
+               checks=replace(CHECKS, layers=eager_layers, layer_methods=LAYER_METHODS)))
 register(Route("vulkan", "pytorch-mobile", ("fp32",), STAGES, ".ptl",
                "GPU through Vulkan, optimize_for_mobile(backend='vulkan'); needs a torch built with USE_VULKAN=1 "
                "(a `toolchain:` interpreter)",
-               Runtime("pytorch-mobile", FAMILY, device_only="an Android GPU with Vulkan"), default=True,
+               replace(RUNTIME, device_only="an Android GPU with Vulkan"), default=True,
                checks=CHECKS))
 register(Route("metal", "pytorch-mobile", ("fp32",), STAGES, ".ptl",
                "Apple GPU through Metal, optimize_for_mobile(backend='metal'); needs a torch built with the Metal "
                "export ops (a `toolchain:` interpreter)",
-               Runtime("pytorch-mobile", FAMILY, device_only="an iPhone or iPad GPU (Metal)"), default=True,
+               replace(RUNTIME, device_only="an iPhone or iPad GPU (Metal)"), default=True,
                checks=CHECKS))
