@@ -77,7 +77,7 @@ def test_the_build_writes_each_int8_targets_worst_layers_to_the_manifest_and_the
     assert listed.returncode == 0 and "layers:" not in listed.stdout and "verify:tiny-qnnpack" in listed.stdout
 
 
-# pt2e: ExecuTorch's XNNPACK quantizer, static, takes seconds on any model
+# pt2e: a static quantization by ExecuTorch's XNNPACK quantizer, which traces its patterns again on every call
 @pytest.mark.parametrize("route", ["eager", pytest.param("pt2e", marks=pytest.mark.slow)])
 def test_a_layer_kept_float_by_quantize_exclude_is_no_longer_to_blame(tmp_path, route):
     source = fused_model(tmp_path)

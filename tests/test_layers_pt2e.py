@@ -17,7 +17,7 @@ def test_executorch_int8_ranks_the_broken_convolution_first(tmp_path):
     support.assert_broken_first(result)
 
 
-# static: ExecuTorch's XNNPACK quantizer traces its patterns on every call, seconds on any model
+# static: over 3 s, the XNNPACK quantizer tracing its patterns again on every call and the encoder's larger graph
 @pytest.mark.parametrize("mode", [pytest.param("static", marks=pytest.mark.slow), "dynamic"])
 def test_executorch_int8_of_a_transformer_encoder_has_real_layers_only(tmp_path, mode):
     """nn.TransformerEncoder turns the padding mask into a float mask of 0 and -inf (zeros_like, then masked_fill_ in

@@ -161,7 +161,9 @@ def test_int8_calibration_batches_of_the_wrong_shape_name_the_calibration(tmp_pa
 @pytest.mark.parametrize(("delegate", "backend", "options"), [
     # the Vulkan partitioner traces its fusable patterns (RoPE's among them) on every lowering: seconds on any model
     pytest.param("vulkan", "VulkanBackend", {}, marks=pytest.mark.slow),
-    ("coreml", "CoreMLBackend", {"compute_units": "cpu_and_ne", "compute_precision": "fp16"}),
+    # coremltools (imported for it alone) converts the model: seconds on any model
+    pytest.param("coreml", "CoreMLBackend", {"compute_units": "cpu_and_ne", "compute_precision": "fp16"},
+                 marks=pytest.mark.slow),
     # MPS lowers on Linux too (the partitioner only serializes an MPSGraph); upstream deprecated it for Core ML
     ("mps", "MPSBackend", {}),
 ])
@@ -184,6 +186,11 @@ def test_delegation_counts_fallback_operators(tmp_path):
     assert summary["fallback_ops"]["aten::flip.out"] == 1
     assert summary["fallback_calls"] == sum(summary["fallback_ops"].values())
     assert message is None  # partly delegated is a result, not a failure
+
+
+@pytest.mark.slow  # a second lowering of the model above
+def test_the_preflight_check_counts_the_fallback_operators_as_the_stage_does(tmp_path):
+    summary = pte.read(lower_stage(tmp_path, WithUnsupportedOps().eval(), "xnnpack")[0]).delegation
     # the pre-flight check lowers in memory and sees the same, and that the program loads (no kernel missing)
     assert lower.preflight_delegation(WithUnsupportedOps().eval(), [NCHW], "xnnpack") == {**summary, "run_error": None}
 

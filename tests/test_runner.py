@@ -27,6 +27,7 @@ def run_in(project, monkeypatch, wanted, **options):
     return runner.run(tasks, wanted, reported.append, **options), reported
 
 
+@pytest.mark.slow  # a real build: a stage worker starts (torch imported) and builds the chain
 def test_a_chain_is_built_then_up_to_date_then_from_the_cache_in_another_checkout(tmp_path, monkeypatch, cache):
     first, second = checkouts(tmp_path, "first", "second", recipe=ONE_TARGET)
     built, reported = run_in(first, monkeypatch, ["script:tiny-fp32"], ask=["script:tiny-fp32"])

@@ -3,6 +3,7 @@ the recipe's thread count holds even where the build computes with one thread.""
 
 import json
 
+import pytest
 import torch
 from torch import nn
 
@@ -30,6 +31,7 @@ def rss_mb():
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
 
 
+@pytest.mark.slow  # interpreters of their own: the timing processes' server starts and imports torch
 def test_peak_memory_is_the_models_not_the_builds(tmp_path):
     """The timing process used to report the high-water mark of the process that started it (a stage worker that
     had built MobileNetV2: 1.3 GB for every model)."""
@@ -43,6 +45,7 @@ def test_peak_memory_is_the_models_not_the_builds(tmp_path):
     del ballast
 
 
+@pytest.mark.slow  # a stage worker starts, and its timing processes' server: each imports torch
 def test_the_recipes_threads_hold_in_a_build_that_computes_with_one(tmp_path):
     """Stage workers run with OMP_NUM_THREADS=1 (build/worker_pool.py); the measurement uses the recipe's count."""
     path = lite_model(tmp_path / "model.ptl", 4)
