@@ -134,3 +134,28 @@ def callable_for(facts):
 
 def inspect(path, config):
     return {"delegation": pte.read(path).delegation, "bytes": Path(path).stat().st_size}
+
+
+class Generator:
+    """A language model's program (lm_lower) a step at a time (worker/lm.py): forward(input_ids [1, T],
+    cache_position [T]) -> logits, the KV cache kept in the program's own buffers between calls."""
+
+    def __init__(self, data):
+        self.program, self.method = load_method(data)
+        self.checked = False
+
+    def forward(self, tokens, position):
+        arguments = [tokens.contiguous(), torch.arange(position, position + tokens.shape[1])]
+        if self.checked:
+            return self.method.execute(arguments)[0]
+        found = _explained(lambda: self.method.execute(arguments), "fails")[0]
+        self.checked = True
+        return found
+
+
+def generator(path, config):
+    """`path`: a .pte file, or its bytes."""
+    data = Path(path).read_bytes() if isinstance(path, (str, Path)) else path
+    with without_cpuinfo_notes():
+        _set_threads(config)
+    return Generator(data)

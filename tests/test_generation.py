@@ -1,0 +1,169 @@
+"""Decoder-only language models (a recipe with `generate:`): the recipe's grammar and one-line errors, the plan's
+nodes and what keys them, the worker's token-by-token comparison on a tiny Llama, and (slow) a tiny LM built
+through every LM route by real doit."""
+
+import copy
+import json
+
+import pytest
+import torch
+from test_recipe import problems, write
+
+import mobilebuild.routes  # noqa: F401  (the route families register their stages)
+from mobilebuild.plan import graph, recipe
+
+LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
+LM = {
+    "name": "lm",
+    "model": {"transformers": "AutoModelForCausalLM", "config": LLAMA},
+    "generate": {"max_context": 32, "prompt_lengths": [4, 8], "new_tokens": 4, "prompts": 2},
+    "benchmark": {"warmup": 1, "iters": 8},
+    "targets": [{"backend": "xnnpack", "runtime": "executorch"},
+                {"backend": "xnnpack", "runtime": "executorch", "precision": "8da4w", "name": "et-8da4w"},
+                {"backend": "onnx"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"}],
+}
+
+
+def lm_recipe(**generate):
+    found = copy.deepcopy(LM)
+    found["generate"].update(generate)
+    return found
+
+
+def keys(root, data):
+    write(root, data)
+    (loaded,) = recipe.load_all(root)
+    return {node.task_name: node.key() for node in graph.recipe_nodes(loaded, str(root))}
+
+
+def test_a_language_model_plans_its_own_stages_and_input(tmp_path):
+    write(tmp_path, LM)
+    (loaded,) = recipe.load_all(tmp_path)
+    assert loaded.inputs == [{"name": "input_ids", "shape": [1, 1], "dtype": "int64", "memory_format": "contiguous",
+                              "range": [0, 64]}]  # its range from the configuration's vocabulary
+    names = {node.task_name for node in graph.recipe_nodes(loaded, str(tmp_path))}
+    assert {"checkpoint:lm", "lm_lower:lm-xnnpack-executorch", "lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx",
+            "lm_onnx:lm-onnx-int8", "lm_verify:lm-et-8da4w", "lm_bench:lm-onnx", "lm_bench:lm-eager",
+            "manifest:lm"} <= names
+    assert not any(name.startswith(("fuse:", "verify:", "bench:")) for name in names)
+
+
+@pytest.mark.parametrize("change, changed", [
+    ({"max_context": 48}, {"lm_lower", "lm_onnx", "lm_verify", "lm_bench"}),
+    ({"prompt_lengths": [4]}, {"lm_verify", "lm_bench"}),
+    ({"new_tokens": 2}, {"lm_verify", "lm_bench"}),
+    ({"prompts": 3}, {"lm_verify"}),
+    ({"group_size": 16}, {"lm_lower"}),  # the 8da4w target's only
+])
+def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change, changed):
+    before = keys(tmp_path, LM)
+    after = keys(tmp_path, lm_recipe(**change))
+    assert before.keys() == after.keys()
+    differ = {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))}
+    assert {name.split(":")[0] for name in differ} == changed
+    if "group_size" in change:
+        assert differ == {"lm_lower:lm-et-8da4w"}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"generate": {"max_context": 8, "prompt_lengths": [8]}},
+     "generate.max_context: the longest prompt (8) and new_tokens (16) exceed max_context (8)"),
+    ({"generate": {"max_context": 128, "group_size": 24}}, "generate.group_size: expected a power of two, got 24"),
+    ({"generate": {"max_context": 1}}, "generate.max_context: 1 is less than the minimum of 2"),
+    ({"generate": {"max_context": 128, "prompt_lengths": []}}, "generate.prompt_lengths: [] should be non-empty"),
+    ({"generate": {"max_context": 128, "tokens": 3}}, "generate: unknown key 'tokens'"),
+    ({"targets": [{"backend": "xnnpack", "runtime": "executorch", "precision": "int8"}]},
+     "targets[0].precision: precision 'int8' is not available for a language model on xnnpack (executorch); "
+     "expected one of fp32, 8da4w, 8da8w"),
+    ({"targets": [{"backend": "xnnpack"}]},
+     "targets[0].backend: xnnpack (pytorch-mobile): generative path not wired yet"),
+])
+def test_bad_generate_values_are_one_line_each(tmp_path, change, expected):
+    data = {**copy.deepcopy(LM), **change}
+    if "targets" not in change:
+        data["targets"] = LM["targets"][:1]
+    found = problems(tmp_path, data) if "targets" not in change else _plan_problems(tmp_path, data)
+    assert any(expected in line for line in found), found
+    assert all("\n" not in line for line in found)
+
+
+def _plan_problems(root, data):
+    write(root, data)
+    (loaded,) = recipe.load_all(root)
+    with pytest.raises(Exception) as caught:
+        graph.recipe_nodes(loaded, str(root))
+    return [str(error) for error in caught.value.errors]
+
+
+def test_a_factory_language_model_must_name_its_input(tmp_path):
+    data = {**copy.deepcopy(LM), "model": {"factory": "tinynet:build"}}
+    (line,) = problems(tmp_path, data)
+    assert "inputs: give the token ids' input" in line
+
+
+# --- the worker: token by token on a tiny Llama ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{key: value for key, value in LLAMA.items() if key != "model_type"})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_the_eager_model_agrees_with_itself_and_noise_shows(tiny_llama):
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.stages import lm_verify
+
+    eager, same = lm.EagerGenerator(tiny_llama), lm.EagerGenerator(tiny_llama)
+    prompt = torch.arange(6).view(1, -1)
+    found = lm_verify.compare_prompt(same, eager, prompt, 5)
+    assert found == {"sqnr_prefill_db": None, "sqnr_decode_db": None, "agreement": 1.0, "first_divergence": None}
+
+    class Noisy(lm.EagerGenerator):
+        def forward(self, tokens, position):
+            logits = super().forward(tokens, position)
+            noise = torch.randn(logits.shape, generator=torch.Generator().manual_seed(position))
+            return logits + noise * logits.std() * 0.01  # about 40 dB
+
+    noisy = lm_verify.compare_prompt(Noisy(tiny_llama), eager, prompt, 5)
+    assert 30 < noisy["sqnr_prefill_db"] < 50 and 30 < noisy["sqnr_decode_db"] < 50
+    ppl = lm_verify.perplexity(eager, torch.arange(40) % 64, window=16)
+    assert ppl == pytest.approx(lm_verify.perplexity(same, torch.arange(40) % 64, window=16))
+    assert 1 < ppl < 200  # about the vocabulary's size for random weights
+
+
+def test_prompts_spread_over_the_held_out_text():
+    from mobilebuild.worker import lm
+
+    found = lm.prompts(torch.arange(100), 10, 3)
+    assert [prompt[0, 0].item() for prompt in found] == [0, 45, 90]
+    assert all(prompt.shape == (1, 10) for prompt in found)
+
+
+# --- end to end ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(project):
+    project.write_recipe(LM)
+    ran = project.doit()
+    assert {"lm_lower:lm-xnnpack-executorch", "lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx",
+            "lm_onnx:lm-onnx-int8"} <= set(ran)
+    manifest = json.loads(project.artifact("lm/manifest.json").read_text())
+    for target in manifest["targets"]:
+        verified = json.loads(project.artifact(f"lm/verify-{target['target']}.json").read_text())
+        assert verified["status"] == "passed", verified
+        assert set(verified["prompt_lengths"]) == {"4", "8"}
+        assert 0 <= verified["metrics"]["agreement"] <= 1
+        timed = json.loads(project.artifact(f"lm/bench-{target['target']}.json").read_text())
+        assert timed["decode_tokens_per_s"] > 0 and timed["peak_rss_mb"] > 0
+        assert all(values["ttft_ms"] > 0 for values in timed["prompt_lengths"].values())
+    fp32 = json.loads(project.artifact("lm/verify-xnnpack-executorch.json").read_text())
+    assert fp32["metrics"]["sqnr_db"] is None or fp32["metrics"]["sqnr_db"] > 60
+    assert project.doit() == []
+    changed = lm_recipe(prompt_lengths=[4])
+    project.write_recipe(changed)
+    rebuilt = project.doit()
+    assert rebuilt and all(name.split(":")[0] in ("lm_verify", "lm_bench", "manifest", "plot") for name in rebuilt)
