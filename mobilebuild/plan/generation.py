@@ -6,6 +6,7 @@ What each node reads is what keys it: `generate.max_context` reaches the artifac
 prompt lengths, new tokens and held-out text only the verification and timing; `group_size` only quantized artifacts.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from mobilebuild.plan import routes, stages
@@ -64,6 +65,11 @@ class LMBenchConfig:
     timing: dict  # warmup, iters, threads (recipe.benchmark)
 
 
+def recipe_fields(config):
+    """The generate: fields behind a stage's settings (stages.recipe_field)."""
+    return {name: FIELDS[name] for name in (setting.name for setting in dataclasses.fields(config)) if name in FIELDS}
+
+
 def export_config(chain):
     """The settings of a route's generative stage for this target."""
     generate = chain.recipe.generate
@@ -118,10 +124,10 @@ for _stage in (
     stages.Stage(VERIFY, LMVerifyConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",)},
                  "Compare each language model artifact with the eager model token by token on held-out prompts: "
                  "logits SQNR at the prefill and each decode step, greedy agreement, perplexity.", "#d9d2e9",
-                 recipe_fields=FIELDS),
+                 recipe_fields=recipe_fields(LMVerifyConfig)),
     stages.Stage(BENCH, LMBenchConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",)},
                  "Time each language model artifact (time to first token per prompt length, decode tokens/s, peak "
                  "memory), and eager transformers generation, in a process of its own.", "#ead1dc", measures=True,
-                 recipe_fields={**FIELDS, "timing": "benchmark"}),
+                 recipe_fields=recipe_fields(LMBenchConfig)),
 ):
     stages.register(_stage)

@@ -149,7 +149,7 @@ def lm_lower(chain):
 stages.register(stages.Stage(
     "lm_lower", generation.LMExportConfig, {"checkpoint": ("checkpoint",)},
     "Language models as ExecuTorch programs (.pte) with a static KV cache, lowered to XNNPACK.", "#9fc5e8",
-    plan=lm_lower, recipe_fields=generation.FIELDS))
+    plan=lm_lower, recipe_fields=generation.recipe_fields(generation.LMExportConfig)))
 
 SECTION = Section("executorch", SCHEMA)
 CHECKS = Checks(preflight=preflight, hint=layout_hint, outputs=outputs)

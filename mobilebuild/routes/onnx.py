@@ -100,7 +100,7 @@ def lm_export(chain):
 stages.register(stages.Stage(
     "lm_onnx", generation.LMExportConfig, {"checkpoint": ("checkpoint",)},
     "Language models as ONNX (.onnx) with past key/values as inputs and outputs.", "#a2c4c9", plan=lm_export,
-    recipe_fields=generation.FIELDS))
+    recipe_fields=generation.recipe_fields(generation.LMExportConfig)))
 
 register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
                "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
