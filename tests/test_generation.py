@@ -167,3 +167,23 @@ def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(
     project.write_recipe(changed)
     rebuilt = project.doit()
     assert rebuilt and all(name.split(":")[0] in ("lm_verify", "lm_bench", "manifest", "plot") for name in rebuilt)
+
+
+def test_the_report_has_a_generation_table_for_a_language_model():
+    from mobilebuild.results import report_data, report_markdown
+
+    timed = {"status": "ran", "generation": True, "median_ms": 0.25, "decode_tokens_per_s": 4000.0,
+             "peak_rss_mb": 500.0, "prompt_lengths": {"16": {"ttft_ms": 0.5}, "64": {"ttft_ms": 1.5}}}
+    manifest = {"recipe": "lm", "targets": [{"target": "et", "backend": "xnnpack", "runtime": "executorch",
+                                             "precision": "8da4w", "bytes": 300000, "status": "passed"}],
+                "verification": {"et": {"status": "passed", "generation": True, "metrics": {
+                    "sqnr_db": 33.1, "agreement": 0.8125, "perplexity_artifact": 21.6, "perplexity_eager": 21.7}}},
+                "benchmarks": {"eager": {**timed, "decode_tokens_per_s": 1000.0}, "et": timed}}
+    (section,) = report_data.build([manifest]).sections
+    assert section.generation.cells[1] == ["et", "8da4w", "passed", "0.300", "16: 0.50, 64: 1.50", "4000", "500",
+                                           "0.812", "33.1", "21.600", "21.700"]
+    assert section.generation.cells[0][:3] == ["eager fp32", "fp32", "reference"]
+    assert report_data.GENERATION_TITLE in report_markdown.render(report_data.build([manifest]))
+    for result in (manifest["verification"]["et"], *manifest["benchmarks"].values()):
+        result["generation"] = False
+    assert report_data.build([manifest]).sections[0].generation is None  # any other recipe: no such table
