@@ -17,7 +17,10 @@ LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermedia
 LM = {
     "name": "lm",
     "model": {"transformers": "AutoModelForCausalLM", "config": LLAMA},
-    "generate": {"max_context": 32, "prompt_lengths": [4, 8], "new_tokens": 4, "prompts": 2},
+    # random weights give nearly flat logits, whose greedy tokens any rounding flips (8da4w agreed on none of
+    # them): the quantized targets' agreement is not judged here, and is marked relaxed
+    "generate": {"max_context": 32, "prompt_lengths": [4, 8], "new_tokens": 4, "prompts": 2,
+                 "thresholds": {"8da4w": {"agreement": 0.0}, "int8": {"agreement": 0.0}}},
     "benchmark": {"warmup": 1, "iters": 8},
     "targets": [{"backend": "xnnpack", "runtime": "executorch"},
                 {"backend": "xnnpack", "runtime": "executorch", "precision": "8da4w", "name": "et-8da4w"},
@@ -160,6 +163,8 @@ def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(
         timed = json.loads(project.artifact(f"lm/bench-{target['target']}.json").read_text())
         assert timed["decode_tokens_per_s"] > 0 and timed["peak_rss_mb"] > 0
         assert all(values["ttft_ms"] > 0 for values in timed["prompt_lengths"].values())
+    quantized = json.loads(project.artifact("lm/verify-et-8da4w.json").read_text())
+    assert quantized["relaxed"] == {"agreement": {"used": 0.0, "default": 0.25}}
     fp32 = json.loads(project.artifact("lm/verify-xnnpack-executorch.json").read_text())
     assert fp32["metrics"]["sqnr_db"] is None or fp32["metrics"]["sqnr_db"] > 60
     assert project.doit() == []
