@@ -20,11 +20,12 @@ LM = {
     # random weights give nearly flat logits, whose greedy tokens any rounding flips (8da4w agreed on none of
     # them): the quantized targets' agreement is not judged here, and is marked relaxed
     "generate": {"max_context": 32, "prompt_lengths": [4, 8], "new_tokens": 4, "prompts": 2,
-                 "thresholds": {"8da4w": {"agreement": 0.0}, "int8": {"agreement": 0.0}}},
+                 "thresholds": {name: {"agreement": 0.0} for name in ("8da4w", "int8", "int4")}},
     "benchmark": {"warmup": 1, "iters": 8},
     "targets": [{"backend": "xnnpack", "runtime": "executorch"},
                 {"backend": "xnnpack", "runtime": "executorch", "precision": "8da4w", "name": "et-8da4w"},
-                {"backend": "onnx"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"}],
+                {"backend": "onnx"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"},
+                {"backend": "onnx", "precision": "int4", "name": "onnx-int4"}],
 }
 
 
@@ -57,7 +58,7 @@ def test_a_language_model_plans_its_own_stages_and_input(tmp_path):
     ({"prompt_lengths": [4]}, {"lm_verify", "lm_bench"}),
     ({"new_tokens": 2}, {"lm_verify", "lm_bench"}),
     ({"prompts": 3}, {"lm_verify"}),
-    ({"group_size": 16}, {"lm_lower"}),  # the 8da4w target's only
+    ({"group_size": 16}, {"lm_lower", "lm_onnx"}),  # the grouped targets' only
 ])
 def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change, changed):
     before = keys(tmp_path, LM)
@@ -66,7 +67,7 @@ def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change,
     differ = {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))}
     assert {name.split(":")[0] for name in differ} == changed
     if "group_size" in change:
-        assert differ == {"lm_lower:lm-et-8da4w"}
+        assert differ == {"lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx-int4"}
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -152,8 +153,8 @@ def test_prompts_spread_over_the_held_out_text():
 def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(project):
     project.write_recipe(LM)
     ran = project.doit()
-    assert {"lm_lower:lm-xnnpack-executorch", "lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx",
-            "lm_onnx:lm-onnx-int8"} <= set(ran)
+    assert {"lm_lower:lm-xnnpack-executorch", "lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx", "lm_onnx:lm-onnx-int8",
+            "lm_onnx:lm-onnx-int4"} <= set(ran)
     manifest = json.loads(project.artifact("lm/manifest.json").read_text())
     for target in manifest["targets"]:
         verified = json.loads(project.artifact(f"lm/verify-{target['target']}.json").read_text())

@@ -13,7 +13,7 @@ from mobilebuild.plan import routes, stages
 from mobilebuild.plan.chain import source_files
 
 VERIFY, BENCH = "lm_verify", "lm_bench"
-QUANTIZED = ("int8", "8da4w", "8da8w")
+GROUPED = ("8da4w", "int4")  # weights quantized in groups of generate.group_size
 
 # What a target must reach when the recipe sets no thresholds for its precision (generate.thresholds). Measured on
 # the bundled tiny Llama (docs/llm.md): fp32 at 120+ dB with every token agreeing; 8da4w about 20 dB.
@@ -22,6 +22,7 @@ DEFAULT_THRESHOLDS = {
     "int8": {"sqnr_db": 15.0, "agreement": 0.5, "perplexity_ratio": 1.1},
     "8da8w": {"sqnr_db": 15.0, "agreement": 0.5, "perplexity_ratio": 1.1},
     "8da4w": {"sqnr_db": 8.0, "agreement": 0.25, "perplexity_ratio": 1.3},
+    "int4": {"sqnr_db": 8.0, "agreement": 0.25, "perplexity_ratio": 1.3},
 }
 FIELDS = {"max_context": "generate.max_context", "prompt_lengths": "generate.prompt_lengths",
           "new_tokens": "generate.new_tokens", "prompts": "generate.prompts", "text": "generate.text",
@@ -74,7 +75,7 @@ def export_config(chain):
     """The settings of a route's generative stage for this target."""
     generate = chain.recipe.generate
     return LMExportConfig(model=chain.source, precision=chain.precision, max_context=generate["max_context"],
-                          group_size=generate["group_size"] if chain.precision == "8da4w" else None)
+                          group_size=generate["group_size"] if chain.precision in GROUPED else None)
 
 
 def _verify_config(chain, runtime):

@@ -96,7 +96,7 @@ def lm_export(chain):
 
 
 # A language model (generate:): one step of the model with its static KV cache as inputs and outputs (worker side:
-# mobilebuild.worker.stages.lm_onnx); int8: onnxruntime's dynamic quantization of its weights
+# mobilebuild.worker.stages.lm_onnx); int8: onnxruntime's dynamic quantization of its weights; int4: its MatMulNBits
 stages.register(stages.Stage(
     "lm_onnx", generation.LMExportConfig, {"checkpoint": ("checkpoint",)},
     "Language models as ONNX (.onnx) with past key/values as inputs and outputs.", "#a2c4c9", plan=lm_export,
@@ -106,6 +106,6 @@ register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
                "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
                Runtime("onnxruntime", "ONNX Runtime", packages=PACKAGES, package="onnxruntime", structure=structure),
                int8=Int8("final", observers=ORT_OBSERVERS, modes=MODES), section=Section("onnx", SCHEMA),
-               default=True, generation=Generation("lm_onnx", ("fp32", "int8")),
+               default=True, generation=Generation("lm_onnx", ("fp32", "int8", "int4")),
                checks=Checks(preflight=preflight, outputs=outputs, layers=node_layers,
                              layer_methods={"onnx": "ONNX Runtime, node by node"})))

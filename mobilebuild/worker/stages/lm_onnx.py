@@ -1,6 +1,7 @@
 """lm_onnx: a causal LM as ONNX, one step with its static KV cache as inputs and outputs (past_key_<i>,
 past_value_<i> -> present_key_<i>, present_value_<i>, each [1, heads, max_context, head size]), the prompt's length
-dynamic; int8: onnxruntime's dynamic quantization of its weights (`quantize_dynamic`, int8 MatMul weights)."""
+dynamic; int8: onnxruntime's dynamic quantization of its weights (`quantize_dynamic`, int8 MatMul weights); int4:
+its MatMulNBits quantizer (int4 MatMul weights in blocks of generate.group_size, symmetric)."""
 
 import os
 import tempfile
@@ -8,6 +9,24 @@ import tempfile
 import torch
 
 from mobilebuild.worker import lm, quiet
+
+
+def int8_weights(source, output, config):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(source, output, weight_type=QuantType.QInt8)
+
+
+def int4_weights(source, output, config):
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(source), block_size=config.group_size, is_symmetric=True)
+    quantizer.process()
+    quantizer.model.save_model_to_file(output, use_external_data_format=False)
+
+
+QUANTIZERS = {"int8": int8_weights, "int4": int4_weights}
 
 
 def run(inputs, config, output):
@@ -27,12 +46,10 @@ def run(inputs, config, output):
                 input_names=["input_ids", "cache_position", *names],
                 output_names=["logits", *(name.replace("past_", "present_") for name in names)])
             onnx_program.save(exported)
-        if config.precision == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            quantized = os.path.join(scratch, "int8.onnx")
+        if config.precision != "fp32":
+            quantized = os.path.join(scratch, f"{config.precision}.onnx")
             with quiet.quiet():
-                quantize_dynamic(exported, quantized, weight_type=QuantType.QInt8)
+                QUANTIZERS[config.precision](exported, quantized, config)
             exported = quantized
         from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
 
