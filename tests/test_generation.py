@@ -193,3 +193,12 @@ def test_the_report_has_a_generation_table_for_a_language_model():
     for result in (manifest["verification"]["et"], *manifest["benchmarks"].values()):
         result["generation"] = False
     assert report_data.build([manifest]).sections[0].generation is None  # any other recipe: no such table
+
+
+def test_check_refuses_a_language_model_in_one_line(tmp_path):
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.preflight import whole_recipe
+
+    path = write(tmp_path, LM)
+    with pytest.raises(MobileBuildError, match="check does not cover language models yet"):
+        whole_recipe._load(path, tmp_path, None)
