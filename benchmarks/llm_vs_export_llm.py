@@ -22,6 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import mobilebuild.routes  # noqa: E402,F401  (the route families: the recipe's targets)
 from mobilebuild.plan import recipe as recipes  # noqa: E402
 from mobilebuild.plan.chain import model_source  # noqa: E402
 from mobilebuild.worker import lm  # noqa: E402
@@ -73,12 +74,13 @@ def export_by_hand(model, generate, precision, scratch):
     llm.base.checkpoint, llm.base.params = str(checkpoint), str(params)
     llm.model.use_kv_cache = llm.model.use_sdpa_with_kv_cache = llm.model.enable_dynamic_shape = True
     llm.export.max_seq_length = llm.export.max_context_length = generate["max_context"]
-    llm.export.output_dir, llm.export.output_name = str(scratch), f"export_llm-{precision}.pte"
+    output = scratch / f"export_llm-{precision}.pte"
+    llm.export.output_dir, llm.export.output_name = str(scratch), str(output)  # a name ending .pte: the path
     llm.backend.xnnpack.enabled = llm.backend.xnnpack.extended_ops = True
     if precision == "8da4w":
         llm.quantization.qmode, llm.quantization.group_size = "8da4w", generate["group_size"]
     export_llama(llm)
-    return (scratch / f"export_llm-{precision}.pte").read_bytes()
+    return output.read_bytes()
 
 
 class ExportLlmGenerator:

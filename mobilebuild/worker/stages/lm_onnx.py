@@ -6,9 +6,12 @@ its MatMulNBits quantizer (int4 MatMul weights in blocks of generate.group_size,
 import os
 import tempfile
 
+import onnx
 import torch
 
 from mobilebuild.worker import lm, quiet
+from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
+from mobilebuild.worker.stages import export
 
 
 def int8_weights(source, output, config):
@@ -18,7 +21,6 @@ def int8_weights(source, output, config):
 
 
 def int4_weights(source, output, config):
-    import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(onnx.load(source), block_size=config.group_size, is_symmetric=True)
@@ -51,7 +53,8 @@ def run(inputs, config, output):
             with quiet.quiet():
                 QUANTIZERS[config.precision](exported, quantized, config)
             exported = quantized
-        from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
-
         ort_runtime.generator(exported, config).forward(torch.zeros(1, 2, dtype=torch.long), 0)
-        os.replace(exported, output)
+        # without the source paths torch's node metadata holds, which differ between checkouts
+        data = export.reproducible(onnx.load(exported)).SerializeToString()
+    with open(output, "wb") as handle:
+        handle.write(data)

@@ -46,13 +46,18 @@ def compare_prompt(artifact, eager, prompt, new_tokens):
 
 
 def perplexity(generator, tokens, window):
-    """exp(mean negative log-likelihood) of `tokens`, in windows of `window` tokens, each its own sequence."""
+    """exp(mean negative log-likelihood) of `tokens`, in windows of `window` tokens, each its own sequence (a
+    generator that returns the last position's logits only is fed a token at a time)."""
     total, count = 0.0, 0
     for start in range(0, len(tokens) - 1, window):
         piece = tokens[start:start + window + 1]
         if len(piece) < 2:
             break
-        logits = generator.forward(piece[:-1].view(1, -1), 0)[0].double()
+        if getattr(generator, "all_positions", True):
+            logits = generator.forward(piece[:-1].view(1, -1), 0)[0].double()
+        else:
+            logits = torch.cat([generator.forward(piece[index:index + 1].view(1, 1), index)[0]
+                                for index in range(len(piece) - 1)]).double()
         total += float(torch.nn.functional.cross_entropy(logits, piece[1:], reduction="sum"))
         count += len(piece) - 1
     return math.exp(total / count)
