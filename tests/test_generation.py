@@ -3,6 +3,7 @@ nodes and what keys them, the worker's token-by-token comparison on a tiny Llama
 through every LM route by real doit."""
 
 import copy
+import hashlib
 import json
 
 import pytest
@@ -139,6 +140,18 @@ def test_the_eager_model_agrees_with_itself_and_noise_shows(tiny_llama):
     assert 1 < ppl < 200  # about the vocabulary's size for random weights
 
 
+def test_a_plain_llama_takes_export_llms_path_with_meta_names(tiny_llama):
+    from mobilebuild.worker import export_llm
+
+    assert export_llm.fits(tiny_llama, "fp32") and export_llm.fits(tiny_llama, "8da4w")
+    assert not export_llm.fits(tiny_llama, "8da8w")  # export_llm has no 8da8w: the transformers export makes it
+    state = export_llm.meta_state(tiny_llama)
+    assert {"tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.feed_forward.w2.weight",
+            "output.weight", "norm.weight"} <= set(state)
+    assert len(state) == len(tiny_llama.state_dict())
+    assert export_llm.params(tiny_llama.config)["n_kv_heads"] == 1
+
+
 def test_prompts_spread_over_the_held_out_text():
     from mobilebuild.worker import lm
 
@@ -164,11 +177,13 @@ def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(
         timed = json.loads(project.artifact(f"lm/bench-{target['target']}.json").read_text())
         assert timed["decode_tokens_per_s"] > 0 and timed["peak_rss_mb"] > 0
         assert all(values["ttft_ms"] > 0 for values in timed["prompt_lengths"].values())
+    built = _sha256s(project)
     quantized = json.loads(project.artifact("lm/verify-et-8da4w.json").read_text())
     assert quantized["relaxed"] == {"agreement": {"used": 0.0, "default": 0.25}}
     fp32 = json.loads(project.artifact("lm/verify-xnnpack-executorch.json").read_text())
     assert fp32["metrics"]["sqnr_db"] is None or fp32["metrics"]["sqnr_db"] > 60
     assert project.doit() == []
+    assert _sha256s(project) == built  # nothing rewritten
     changed = lm_recipe(prompt_lengths=[4])
     project.write_recipe(changed)
     rebuilt = project.doit()
@@ -202,3 +217,25 @@ def test_check_refuses_a_language_model_in_one_line(tmp_path):
     path = write(tmp_path, LM)
     with pytest.raises(MobileBuildError, match="check does not cover language models yet"):
         whole_recipe._load(path, tmp_path, None)
+
+
+def _sha256s(project):
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in project.artifact("lm").glob("lm-*") if path.suffix in (".pte", ".onnx")}
+
+
+GPT2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64}
+
+
+@pytest.mark.slow
+def test_a_model_export_llm_does_not_define_takes_the_transformers_export(project):
+    """GPT-2 (transformers' static-cache export, on ExecuTorch and ONNX), 8da8w too."""
+    project.write_recipe({**copy.deepcopy(LM), "name": "gpt",
+                          "model": {"transformers": "AutoModelForCausalLM", "config": GPT2},
+                          "targets": [{"backend": "xnnpack", "runtime": "executorch"},
+                                      {"backend": "xnnpack", "runtime": "executorch", "precision": "8da8w",
+                                       "name": "et-8da8w"}, {"backend": "onnx"}]})
+    project.doit()
+    for target, floor in (("xnnpack-executorch", 100), ("et-8da8w", 25), ("onnx", 100)):
+        verified = json.loads(project.artifact(f"gpt/verify-{target}.json").read_text())
+        assert verified["status"] == "passed" and verified["metrics"]["sqnr_db"] > floor, verified
