@@ -80,6 +80,16 @@ def test_main_writes_the_report_or_says_there_is_nothing_to_report(tmp_path, cap
     assert str(tmp_path / "report.html") in out
     assert (tmp_path / "report.md").read_text().startswith("# mobilebuild report")
     assert not (tmp_path / "plots").exists()  # the build's plot stage draws them
+    assert out.strip().endswith("report.md: 1 recipe(s) built (mnv2)")
+
+
+def test_the_report_line_says_which_recipes_it_covers_and_which_it_does_not(tmp_path, capsys):
+    """A broken recipe's build printed "wrote ... (7 recipe(s))" right after saying the report was skipped."""
+    manifest_file(tmp_path, "mnv2", full_manifest())
+    manifest_file(tmp_path, "bad", {**full_manifest(), "recipe": "bad"})  # an earlier build's: left out
+    assert report.main(tmp_path, {"bad": ["checkpoint:bad: recipes/bad.yaml: input.shape: ..."]}) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        "report.md: 1 recipe(s) built (mnv2); NOT BUILT, listed with their errors: bad")
 
 
 def test_report_does_not_import_torch():
