@@ -36,7 +36,8 @@ def test_full_manifest_computes_speed_up_and_size_ratio_against_eager(tmp_path):
 
     # what to ship comes first: the faster qnnpack failed, and the reason is given
     assert ("**Ship xnnpack (PyTorch Mobile, xnnpack, fp32): the fastest of 1 artifact(s) verified on this host that "
-            "pass the default thresholds; 6.00 ms median (2.10x eager fp32), 14.70 MB, SQNR 104.3 dB.**" in markdown)
+            "pass the default thresholds; 6.00 ms median (2.10x eager fp32), 14.70 MB, SQNR 104.3 dB, top-1 agreement "
+            "1.000.**" in markdown)
     assert ("- Faster, but left out: qnnpack (4.20 ms): FAILED (SQNR dB 12.5 < 20, cosine 0.973 < 0.9999, "
             "max rel. error 0.21 > 0.01, top-1 agreement 0.5 < 0.99)." in markdown)
 
