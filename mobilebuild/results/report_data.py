@@ -386,7 +386,7 @@ def _against_unpruned(row):
         return f"{(artifact - reference) * 100:+.1f} pt accuracy"
     agreement, sqnr = _number(against.get("top1_agreement")), _number(against.get("sqnr_db"))
     if agreement is not None:
-        return f"top-1 agreement {agreement:.3f}"
+        return f"top-1 {agreement:.3f}"
     return f"SQNR {sqnr:.1f} dB" if sqnr is not None else NONE
 
 

@@ -14,11 +14,11 @@ h2 { margin-top: 2em; border-bottom: 1px solid #d0d7de; padding-bottom: .2em; }
 .ship ul { margin: 0; padding-left: 1.2em; font-size: 14px; }
 .ship.none { border-left-color: #9a6700; background: #fff8c5; }
 .scroll { overflow-x: auto; }
-table { border-collapse: collapse; font-size: 14px; }
-th, td { border: 1px solid #d0d7de; padding: 4px 8px; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #d0d7de; padding: 3px 6px; }
 th { background: #f6f8fa; }
 thead tr.groups th { font-weight: normal; color: #59636e; font-size: 13px; }
-td.num, td.status { white-space: nowrap; }
+td.status { white-space: nowrap; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 ul.summary li.not-built { color: #cf222e; font-weight: 600; }
 ul.summary li.failed { color: #9a6700; }
