@@ -18,6 +18,7 @@ from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import hub, routes
 from mobilebuild.plan.chain import escaping, files_below
+from mobilebuild.plan.settings import Fusion
 
 SCHEMA_PATH = Path(__file__).parents[1] / "recipe.schema.json"  # at the package's top: editors point at it
 CACHE_FILE = ".mobilebuild/recipes.json"
@@ -75,9 +76,9 @@ class Recipe:
     name: str
     file: str  # relative to the repository root, POSIX
     sha256: str
-    model: dict
+    model: dict  # the recipe's `model:` (model_source keeps what the stages read: settings.ModelSource)
     inputs: list  # each input's spec (see input_specs): name, shape at the example size, dtype, dynamic dims
-    fuse: object
+    fuse: Fusion
     prune: object
     quantize: dict
     script: str
