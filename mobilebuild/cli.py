@@ -46,7 +46,7 @@ from pathlib import Path
 
 import mobilebuild.routes  # noqa: F401 - registers the built-in route families before anything plans
 from mobilebuild.engine import commands, distributed
-from mobilebuild.errors import RecipeErrors
+from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import graph, recipe
 from mobilebuild.results import baseline, release
 
@@ -145,7 +145,7 @@ def cache_command(args):
             found = shared.prune(options.max_size)
         else:
             found = shared.stats() if options.action == "stats" else shared.clear()
-    except (OSError, ValueError, ImportError) as exc:  # unreachable storage, a missing fsspec driver, read-only
+    except (OSError, ValueError, ImportError, MobileBuildError) as exc:  # storage, fsspec driver, read-only, keys
         print(f"mobilebuild cache {options.action}: {str(exc).replace(url, cache.redact(url))}", file=sys.stderr)
         return 1
     print(f"{shared.location}: " + ", ".join(f"{key} {value}" for key, value in found.items() if key != "location"))
