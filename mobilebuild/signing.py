@@ -119,13 +119,13 @@ class PublicKey:
     def __hash__(self):
         return hash((self.name, self._raw))
 
-    def verify(self, signature, data):
+    def verify(self, signature, data, altered="altered"):
         from cryptography.exceptions import InvalidSignature
 
         try:
             self._key.verify(base64.b64decode(signature["sig"], validate=True), data)
         except (InvalidSignature, binascii.Error, ValueError):
-            raise BadSignature(f"its signature by {self.name} does not match") from None
+            raise BadSignature(f"its signature by {self.name} does not match ({altered})") from None
 
 
 class KeyRing:
@@ -149,12 +149,54 @@ class KeyRing:
     def names(self):
         return ", ".join(sorted(self.keys)) or "none"
 
-    def verify(self, signature, data):
-        """Raises BadSignature unless `signature` ({"key", "sig"}) is a good signature of `data` by a key here."""
+    def verify(self, signature, data, unsigned="unsigned", altered="altered"):
+        """Raises BadSignature unless `signature` ({"key", "sig"}) is a good signature of `data` by a key here; its
+        message is `unsigned` where there is no signature, and names `altered`, what a mismatch means, where one
+        does not match."""
         if not isinstance(signature, dict) or not isinstance(signature.get("sig"), str):
-            raise BadSignature("unsigned")
+            raise BadSignature(unsigned)
         key = self.keys.get(signature.get("key"))
         if key is None:
             raise BadSignature(f"signed by {signature.get('key')!r}, a key not trusted here (trusted: "
                                f"{self.names()})")
-        key.verify(signature, data)
+        key.verify(signature, data, altered)
+
+
+KEYGEN_ADVICE = """\
+wrote the private key {name} to {path} (readable by you only): keep it on the machines that sign, never in a
+repository, a log or a reader's environment.
+public key: {public}
+
+Shared artifact cache
+  writers (CI):               MOBILEBUILD_CACHE_SIGNING_KEY={path}  (the file, or its content from a CI secret)
+  every machine that reads:   MOBILEBUILD_CACHE_TRUSTED_KEYS="{public}"
+                              (several keys separated by spaces: list the old and the new one while rotating)
+Releases
+  sign:                       mobilebuild release --signing-key {path}  (or MOBILEBUILD_RELEASE_SIGNING_KEY)
+  check (an app's CI):        mobilebuild verify-release DIR --signature-only --trusted-key {public}
+                              (or MOBILEBUILD_RELEASE_TRUSTED_KEYS)"""
+
+
+def keygen_command(argv):
+    """`mobilebuild keygen NAME [--out FILE]`: a new key pair; the private key to a file, the rest printed."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="mobilebuild keygen", description="Make an Ed25519 key pair for signing "
+                                     "the shared artifact cache or releases, and say what to put where.")
+    parser.add_argument("name", help="the key's name, e.g. ci-2026: signatures name it, readers trust it by it")
+    parser.add_argument("--out", type=Path, help="the private key's file (default: NAME.key); never replaced")
+    options = parser.parse_args(argv)
+    path = options.out or Path(f"{options.name}.key")
+    try:
+        key = PrivateKey.generate(options.name)
+        key.write(path)
+    except MobileBuildError as exc:
+        print(f"mobilebuild keygen: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"mobilebuild keygen: cannot write {path}: {exc.strerror or type(exc).__name__}"
+              f"{' (choose another --out)' if path.exists() else ''}", file=sys.stderr)
+        return 1
+    print(KEYGEN_ADVICE.format(name=key.name, path=path.resolve(), public=key.public().text()))
+    return 0

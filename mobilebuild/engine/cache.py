@@ -264,14 +264,11 @@ class Cache:
         if not self.trusted_keys:
             return False
         try:
-            self.trusted_keys.verify(entry.get("signature"), _signed_bytes(key, entry["files"], entry["meta"]))
+            self.trusted_keys.verify(entry.get("signature"), _signed_bytes(key, entry["files"], entry["meta"]),
+                                     unsigned=f"unsigned ({TRUSTED_KEYS_VARIABLE} is set)",
+                                     altered="altered, or moved from another entry")
         except signing.BadSignature as exc:
-            reason = str(exc)
-            if reason == "unsigned":
-                reason = f"unsigned ({TRUSTED_KEYS_VARIABLE} is set)"
-            elif reason.endswith("does not match"):
-                reason += " (altered, or moved from another entry)"
-            raise Untrusted(reason) from None
+            raise Untrusted(str(exc)) from None
         return True
 
     def _mark_used(self, directory):
