@@ -79,6 +79,11 @@ def build_on_worker(request, files, cache_url, key, python=None, timeout=None):
     from mobilebuild.engine import cache, worker_pool
 
     shared = cache.Cache(cache_url, **cache.keys_from_environment())
+    if not shared.writes:  # its output could not be published, and the build would wait for it in vain
+        return {"error": {"message": f"a Dask worker cannot publish to the artifact cache at {shared.location}: it "
+                                     f"checks signatures ({cache.TRUSTED_KEYS_VARIABLE}) but has no "
+                                     f"{cache.SIGNING_KEY_VARIABLE}, or is read-only", "field": None, "file": None},
+                "printed": ""}
     scratch = Path(tempfile.mkdtemp(prefix="mobilebuild-"))
     try:
         for path, digest in files.items():
