@@ -117,7 +117,7 @@ def test_a_changed_artifact_is_refused_in_one_line_and_the_rest_released(copy, t
     # the qnnpack file was copied before its refusal: it is not in the release, and no staging folder remains
     assert sorted(json.loads((out / release.RELEASE_FILE).read_text())["files"]) == ["tiny/tiny-xnnpack.ptl"]
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
-        "release.json", "tiny", "tiny/tiny-xnnpack.ptl"]
+        "provenance.intoto.json", "release.json", "tiny", "tiny/tiny-xnnpack.ptl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "release"]
 
 

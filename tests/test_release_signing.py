@@ -40,7 +40,7 @@ def make_release(folder, key=RELEASE_KEY):
     for path, data in ARTIFACTS.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
         (folder / path).write_bytes(data)
-    return release._describe(folder, {path: entry(path, data) for path, data in ARTIFACTS.items()}, key, None)
+    return release._describe(folder, {path: entry(path, data) for path, data in ARTIFACTS.items()}, key)
 
 
 @pytest.fixture

@@ -195,3 +195,20 @@ def test_a_read_only_cache_is_read_and_never_written(tmp_path):
     assert len([line for line in result.stdout.splitlines() if line.endswith("(from the cache)")]) == len(
         digests(reader))
     assert sorted(shared.rglob("*")) == listing  # not even the entries' `used` times
+
+
+def test_no_key_and_no_cache_credential_in_anything_a_signed_build_and_release_leave(tmp_path):
+    (project,) = checkouts(tmp_path, "project", recipe=tiny_recipe(targets=[{"backend": "xnnpack"}]))
+    cache_key, release_key = signing.PrivateKey.generate("ci-1"), signing.PrivateKey.generate("release-1")
+    env = {"MOBILEBUILD_CACHE": "memory://AKIAEXAMPLE:hunter2@bucket/mobilebuild",
+           "MOBILEBUILD_CACHE_SIGNING_KEY": cache_key.text(), "MOBILEBUILD_RELEASE_SIGNING_KEY": release_key.text()}
+
+    result = project.run("release", env=env)  # the build, its report, then the signed release
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (project.root / "release/release.json.sig").is_file()
+    secrets = [b"hunter2", b"AKIAEXAMPLE", *(key.text().split(":")[1].encode() for key in (cache_key, release_key))]
+    written = [path for path in project.root.rglob("*") if path.is_file()]
+    assert {"manifest.json", "report.md", "report.html", "release.json"} <= {path.name for path in written}
+    assert not [(path, secret) for path in written for secret in secrets if secret in path.read_bytes()]
+    assert not [secret for secret in secrets if secret in (result.stdout + result.stderr).encode()]

@@ -35,7 +35,7 @@ WORKER_SETTINGS = {"PYTHONHASHSEED": "0", "compute_threads": 1}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def statement(files, sources, command, builder_id=None):
+def statement(files, sources, command):
     """The statement for release.json's `files`, the source files they were built from ({path: sha256}: recipes,
     model sources), and `command`, the exact command that rebuilds them."""
     from mobilebuild.worker.stages.bench import host  # no torch there
@@ -58,8 +58,7 @@ def statement(files, sources, command, builder_id=None):
             ],
         },
         "runDetails": {
-            "builder": {"id": builder_id or BUILDER_ID.format(system=machine["system"].lower(),
-                                                              machine=machine["machine"]),
+            "builder": {"id": BUILDER_ID.format(system=machine["system"].lower(), machine=machine["machine"]),
                         "version": {"mobilebuild": _mobilebuild_version(files), "python": platform.python_version()}},
             "byproducts": [{"name": f"verification of {path}", "digest": {"sha256": entry["sha256"]},
                             "annotations": {"verification": entry["verification"], "benchmark": entry["benchmark"],

@@ -84,7 +84,7 @@ class Refused(RecipeErrors):
         self.document = document
 
 
-def collect(root, out_dir, recipes=None, targets=None, allow_failed=False, signing_key=None, builder_id=None):
+def collect(root, out_dir, recipes=None, targets=None, allow_failed=False, signing_key=None):
     """Copy the final artifacts of the selected recipes and targets (all by default; a target by its id, e.g.
     "xnnpack", or as "<recipe>-<id>") into `out_dir` with release.json and the provenance, signed with
     `signing_key` (a signing.PrivateKey) if given; return release.json's content. A target is refused when its
@@ -104,7 +104,7 @@ def collect(root, out_dir, recipes=None, targets=None, allow_failed=False, signi
             except MobileBuildError as exc:
                 refused.append(exc)
                 _unstage(staging, target["path"])  # a copy that was made before the refusal
-        document = _describe(staging, files, signing_key, builder_id) if files else None
+        document = _describe(staging, files, signing_key) if files else None
         if document:
             _publish(staging, out_dir)
     finally:
@@ -114,11 +114,11 @@ def collect(root, out_dir, recipes=None, targets=None, allow_failed=False, signi
     return document
 
 
-def _describe(staging, files, signing_key, builder_id):
+def _describe(staging, files, signing_key):
     """Write the provenance, release.json (with the provenance's sha256) and its signature; return release.json."""
     sources = {path: digest for entry in files.values() for path, digest in entry["sources"].items()}
     command = "doit " + " ".join(sorted({entry["chain"][-1]["task"] for entry in files.values()}))
-    statement = provenance.statement(files, sources, command, builder_id)
+    statement = provenance.statement(files, sources, command)
     provenance.validate(statement)
     (staging / provenance.STATEMENT_FILE).write_text(dumps(statement))
     document = {"format": FORMAT, "files": files,
