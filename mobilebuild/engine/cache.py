@@ -180,7 +180,6 @@ class Cache:
         that `check` refuses; it is removed where this machine writes.
         """
         directory = self._entry_dir(key)
-        signed = False
         try:
             entry = self._read_entry(directory)
             if entry is None or not set(outputs) <= set(entry["files"]):
