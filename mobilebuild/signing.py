@@ -63,12 +63,14 @@ class PrivateKey:
         """`value` is the key's text (NAME:BASE64) or the path of a file holding it."""
         text = str(value).strip()
         if not _KEY_TEXT.fullmatch(text):
+            # a mistyped key is a secret too: only what cannot be one (no colon) is named
+            shown = "its value (neither a key NAME:BASE64 nor a file)" if ":" in text else text
             try:
                 text = Path(text).expanduser().read_text()
             except OSError as exc:
-                raise MobileBuildError(f"{what}: cannot read {value} ({exc.strerror or type(exc).__name__})") \
+                raise MobileBuildError(f"{what}: cannot read {shown} ({exc.strerror or type(exc).__name__})") \
                     from None
-            what = f"{value}"
+            what = shown
         return cls(*_decode(text, what))
 
     def text(self):

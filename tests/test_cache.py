@@ -531,6 +531,9 @@ def test_from_environment_reads_the_keys_and_the_read_only_setting(tmp_path):
 @pytest.mark.parametrize("variable, value, message", [
     ("MOBILEBUILD_CACHE_SIGNING_KEY", "/nonexistent/ci.key",
      "MOBILEBUILD_CACHE_SIGNING_KEY: cannot read /nonexistent/ci.key (No such file or directory)"),
+    ("MOBILEBUILD_CACHE_SIGNING_KEY", "ci-1:c2VjcmV0IGJ1dCB0b28gc2hvcnQ=",  # a mistyped key: never echoed
+     "MOBILEBUILD_CACHE_SIGNING_KEY: cannot read its value (neither a key NAME:BASE64 nor a file) (No such file or "
+     "directory)"),
     ("MOBILEBUILD_CACHE_TRUSTED_KEYS", "ci-1:not-a-key",
      "MOBILEBUILD_CACHE_TRUSTED_KEYS is not a key of the form NAME:BASE64 (as `mobilebuild keygen` prints)"),
 ])
