@@ -15,14 +15,12 @@ import base64
 import binascii
 import os
 import re
-import secrets
 from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
 
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _KEY_TEXT = re.compile(rf"({_NAME}):([A-Za-z0-9+/]{{43}}=)")
-SEED_BYTES = 32
 
 
 class BadSignature(Exception):
@@ -43,11 +41,12 @@ def _decode(text, what):
 class PrivateKey:
     """A named Ed25519 private key, read from its text or from a file holding it."""
 
-    def __init__(self, name, seed):
+    def __init__(self, name, seed=None):
+        """A new key, or the one of this 32-byte seed."""
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         self.name = name
-        self._key = Ed25519PrivateKey.from_private_bytes(seed)
+        self._key = Ed25519PrivateKey.generate() if seed is None else Ed25519PrivateKey.from_private_bytes(seed)
 
     def __repr__(self):  # never the seed, wherever a key ends up printed
         return f"PrivateKey({self.name!r})"
@@ -56,7 +55,7 @@ class PrivateKey:
     def generate(cls, name):
         if not re.fullmatch(_NAME, name):
             raise MobileBuildError(f"{name!r} cannot name a key: letters, digits, '.', '_' and '-' only")
-        return cls(name, secrets.token_bytes(SEED_BYTES))
+        return cls(name)
 
     @classmethod
     def load(cls, value, what="the private key"):
