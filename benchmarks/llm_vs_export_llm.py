@@ -4,7 +4,8 @@ transformers' static-cache export (the build's path for other models), and again
 time to first token and decode tokens/s side by side in one process, one thread each where the runtime
 takes it (ExecuTorch's thread pool is sized to 1 for all of its programs alike).
 
-    doit pydoc_lm && python benchmarks/llm_vs_export_llm.py [SCRATCH_DIR]
+    MOBILEBUILD_EXTRA_RECIPES=examples/llm/pydoc_lm.yaml mobilebuild build examples/llm/pydoc_lm.yaml
+    python benchmarks/llm_vs_export_llm.py [SCRATCH_DIR]
 
 export_llm's logits are checked against eager first, so a bad weight mapping cannot pass for a fast artifact.
 Prints one line per artifact and the ratio ours / export_llm's.
@@ -30,7 +31,7 @@ from mobilebuild.worker.executorch_setup import ensure_flatc  # noqa: E402
 from mobilebuild.worker.runtimes import executorch as et_runtime  # noqa: E402
 from mobilebuild.worker.stages import lm_lower  # noqa: E402
 
-RECIPE = "recipes/pydoc_lm.yaml"
+RECIPE = "examples/llm/pydoc_lm.yaml"
 RUNS, WARMUP = 10, 2
 OURS = (("fp32", "xnnpack-executorch"), ("8da4w", "xnnpack-executorch-8da4w"))  # the recipe's targets
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from mobilebuild.plan import routes, stages
 from mobilebuild.plan.chain import source_files
+from mobilebuild.plan.settings import ModelSource
 
 VERIFY, BENCH = "lm_verify", "lm_bench"
 GROUPED = ("8da4w", "int4")  # weights quantized in groups of generate.group_size
@@ -33,7 +34,7 @@ FIELDS = {"max_context": "generate.max_context", "prompt_lengths": "generate.pro
 class LMExportConfig:
     """A route's generative stage: the causal LM from its checkpoint, with a static KV cache of max_context."""
 
-    model: dict  # the model source
+    model: ModelSource
     precision: str
     max_context: int
     group_size: int | None = None  # grouped weight quantization only
@@ -43,7 +44,7 @@ class LMExportConfig:
 class LMVerifyConfig:
     runtime: str
     runtime_module: str
-    model: dict
+    model: ModelSource
     precision: str
     max_context: int
     prompt_lengths: list
@@ -59,7 +60,7 @@ class LMVerifyConfig:
 class LMBenchConfig:
     runtime: str
     runtime_module: str
-    model: dict
+    model: ModelSource
     max_context: int
     prompt_lengths: list
     new_tokens: int
