@@ -2,6 +2,12 @@
 and the litert runtime, on tiny models: numerics against eager, what the file holds, one-line errors, quiet
 conversion and reproducible bytes."""
 
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +18,7 @@ from torch import nn
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.routes.litert import ConvertConfig
+from mobilebuild.worker.layers import litert as litert_layers
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import litert as runtime
 from mobilebuild.worker.stages import fuse, litert, modeling
@@ -126,6 +133,41 @@ def test_conversion_is_quiet_and_byte_identical_from_run_to_run(converted, tmp_p
     assert "LiteRT-Torch Convert" not in printed.out and "I0000" not in printed.err, printed
 
 
+
+CHECKOUT_SCRIPT = textwrap.dedent("""
+    from pathlib import Path
+
+    import mobilebuild
+    assert Path(mobilebuild.__file__).resolve().is_relative_to(Path.cwd().resolve()), mobilebuild.__file__
+    import tiny_models
+    from test_litert import convert_to, fuse, make
+
+    fused = Path("fused.pt"), tiny_models.stored_fused(fuse.fuse(make(), "auto")[0], Path("fused.pt"))
+    convert_to(fused, ".", "fp32")
+    convert_to(fused, ".", "int8", "int8")
+""")
+
+
+@pytest.mark.slow
+def test_conversions_are_byte_identical_across_checkouts(tmp_path):
+    """Two copies of the code (package, model source) at different absolute paths, run from their own folders: the
+    converter records module class names and attribute paths, no file path and no time."""
+    runs = []
+    for checkout in (tmp_path / "a", tmp_path / "elsewhere" / "checkout-b"):
+        shutil.copytree(REPO / "mobilebuild", checkout / "mobilebuild", ignore=shutil.ignore_patterns("__pycache__"))
+        for module in ("test_litert.py", "tiny_models.py"):
+            shutil.copy(REPO / "tests" / module, checkout / module)
+        env = {**os.environ, "PYTHONPATH": str(checkout)}
+        runs.append((checkout, subprocess.Popen([sys.executable, "-c", CHECKOUT_SCRIPT], cwd=checkout, env=env,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for checkout, process in runs:
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode == 0, output
+    (a, _), (b, _) = runs
+    for name in ("fp32", "int8"):
+        assert (a / f"{name}.tflite").read_bytes() == (b / f"{name}.tflite").read_bytes(), name
+        assert str(a).encode() not in (a / f"{name}.tflite").read_bytes()
+
 class DataDependent(nn.Module):
     def forward(self, x):
         if x.sum() > 0:
@@ -171,3 +213,84 @@ def test_several_typed_inputs_and_a_structured_output(tmp_path):
     for found, wanted in zip(produced, (expected["score"], *expected["parts"]), strict=True):
         assert sqnr_db(wanted, found) > FP32_DB
     assert runtime.inspect(tmp_path / "two.tflite", None)["inputs"][1]["dtype"] == "int32"  # narrowed by the converter
+
+
+# --- the per-layer comparison ------------------------------------------------------------------------------------
+
+def test_the_converters_tensor_names_map_back_to_module_paths():
+    model = fuse.fuse(make(), "auto")[0]
+    known = litert_layers.locations(model)
+    conv = next(name for name in known if name.endswith("_0") and "features" in name)
+    assert litert_layers.module_of(f"{conv};1", known)[0] == "features.0"
+    assert litert_layers.module_of(f"somewhere.else.Wrapper;1;;{conv};2", known) is None  # the first location counts
+
+
+def test_layers_compares_each_int8_tensor_with_the_float_module_it_names(converted):
+    model = fuse.load(converted["fused"][0], SimpleNamespace(**converted["fused"][1]))
+    config = SimpleNamespace(**converted["fused"][1])
+    chunks = [modeling.example_inputs([INPUT], seed=200 + i) for i in range(4)]
+    errors, method, detail = litert_layers.compare({"model": converted["fused"][0], "artifact": converted["int8"]},
+                                                   config, chunks)
+    ranked, _ = errors.results()
+    assert method == "litert" and "cumulative" in detail
+    names = {row["name"] for row in ranked}
+    assert names & {path for path, _ in model.named_modules() if path.startswith("features")}, ranked
+    assert all(INT8_DB < row["sqnr_db"] < FP32_DB for row in ranked), ranked
+
+
+# --- whole builds ------------------------------------------------------------------------------------------------
+
+TWO_INPUTS = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class TwoInputs(nn.Module):
+        """An image and token ids in, a dict with a nested tuple out."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
+            self.embed = nn.Embedding(50, 8)
+
+        def forward(self, image, ids):
+            pooled = self.conv(image).mean((2, 3))
+            return {"score": pooled + self.embed(ids).mean(1), "parts": (pooled, self.embed(ids).sum(1))}
+''')
+
+
+@pytest.mark.slow
+def test_outside_models_build_verify_bench_and_report_through_litert(project):
+    """torchvision's MobileNetV2 (random weights, batch-norm statistics re-estimated) in fp32 and static int8, and a
+    two-input model with a structured output whose sequence dim is dynamic (LiteRT fixes it, and says so)."""
+    (project.root / "twoinputs.py").write_text(TWO_INPUTS)
+    project.write_recipe({
+        "name": "mnv2", "model": {"torchvision": "mobilenet_v2", "batchnorm_stats": 2},
+        "input": {"shape": [1, 3, 64, 64]}, "benchmark": {"warmup": 1, "iters": 5},
+        "quantize": {"calibration": {"source": "random", "batches": 8, "seed": 0}},
+        "targets": [{"backend": "xnnpack", "runtime": "litert"},
+                    {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"}]})
+    project.write_recipe({
+        "name": "two", "model": {"factory": "twoinputs:TwoInputs"},
+        "inputs": [{"name": "image", "shape": [1, 3, 16, 16]},
+                   {"name": "ids", "shape": [1, "seq"], "dtype": "int64", "range": [0, 50]}],
+        "dims": {"seq": {"min": 2, "max": 16, "example": 6}}, "benchmark": {"warmup": 1, "iters": 5},
+        "targets": [{"backend": "xnnpack", "runtime": "litert"}, {"backend": "gpu-delegate"}]})
+    built = project.run()
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "LiteRT-Torch Convert" not in built.stdout + built.stderr and "I0000" not in built.stdout + built.stderr
+    assert "dim seq fixed at the example size: litert-torch" in built.stdout
+    for recipe, target, floor in (("mnv2", "xnnpack-litert", 60), ("mnv2", "litert-int8", 10),
+                                  ("two", "xnnpack-litert", 60)):
+        verification = json.loads(project.artifact(f"{recipe}/verify-{target}.json").read_text())
+        assert verification["status"] == "passed" and verification["metrics"]["sqnr_db"] > floor, verification
+        assert json.loads(project.artifact(f"{recipe}/bench-{target}.json").read_text())["status"] == "ran"
+    two = json.loads(project.artifact("two/verify-xnnpack-litert.json").read_text())
+    assert len(two["outputs"]) == 3
+    gpu = json.loads(project.artifact("two/verify-gpu-delegate.json").read_text())
+    assert gpu["status"] == "not run on host" and "float16" in gpu["artifact"]["constant_dtypes"]
+    layers = json.loads(project.artifact("mnv2/layers-litert-int8.json").read_text())
+    assert layers["method"] == "litert" and layers["layers"], layers
+    report = project.artifact("report.md").read_text()
+    assert "LiteRT, xnnpack, int8" in report and "LiteRT, gpu-delegate, fp32" in report
+    assert project.doit() == []  # up to date: nothing runs again

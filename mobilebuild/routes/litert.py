@@ -136,7 +136,8 @@ def runtime(device_only=None):
 register(Route("xnnpack", "litert", ("fp32", "int8"), ("litert",), ".tflite",
                "CPU through LiteRT's XNNPACK delegate (fp16 weights on request; int8: PT2E static or dynamic-range)",
                runtime(), int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES), section=SECTION,
-               checks=CHECKS))
+               checks=Checks(preflight=preflight, outputs=outputs, layers=tensor_layers,
+                             layer_methods={"litert": "LiteRT interpreter, tensor by tensor (cumulative)"})))
 register(Route("gpu-delegate", "litert", ("fp32",), ("litert",), ".tflite",
                "GPU through LiteRT's GPU delegate (OpenCL/OpenGL on Android, Metal on iOS); fp16 weights by default",
                runtime("a phone GPU with LiteRT's GPU delegate"), section=SECTION, default=True, checks=CHECKS))

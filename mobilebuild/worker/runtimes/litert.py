@@ -33,12 +33,16 @@ def threads_for(config):
 def interpreter(source, threads=1, preserve=False):
     """A LiteRT interpreter of a .tflite path or its bytes, its tensors allocated; `preserve`: every intermediate
     tensor kept readable after a run (the per-layer comparison)."""
-    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     where = {"model_content": source} if isinstance(source, bytes) else {"model_path": str(source)}
     with native_stderr(dropped=NOTES):
         try:
-            found = Interpreter(**where, num_threads=threads, experimental_preserve_all_tensors=preserve)
+            # preserved tensors are only those LiteRT's own kernels write: the XNNPACK delegate keeps its
+            # intermediates to itself (read back, they are stale), so the comparison runs without it
+            kernels = {"experimental_op_resolver_type": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES} \
+                if preserve else {}
+            found = Interpreter(**where, num_threads=threads, experimental_preserve_all_tensors=preserve, **kernels)
             found.allocate_tensors()
         except (ValueError, RuntimeError) as exc:  # the binding raises these for bad files and missing kernels
             name = Path(source).name if not isinstance(source, bytes) else "the model"
