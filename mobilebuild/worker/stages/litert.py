@@ -69,21 +69,25 @@ def quantizer(mode="static", weights=None, exclude=(), observer=None):
 
 
 def _excluding(paths):
-    """litert-torch's PT2E quantizer leaving the nodes of the modules at `paths` unannotated (float). Its own
+    """litert-torch's PT2E quantizer leaving the nodes of the modules at `paths` unannotated (float): each of its
+    pattern annotators gets a filter that refuses them, before it propagates annotations to the ops that share them
+    (removing annotations after that left shared specs pointing at nodes without any: torchao's KeyError). Its own
     set_module_name takes no None ("not supported yet"), and its module-name filter reads torch.dynamo's
-    nn_module_stack keys, which torch.export's graphs do not have; torchao's filter reads both."""
+    nn_module_stack keys, which torch.export's graphs lack; torchao's filter reads both."""
     from litert_torch.quantize.pt2e_quantizer import PT2EQuantizer
     from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
 
     inside = [get_module_name_filter(path) for path in paths]
 
+    def kept(filter_fn):
+        return lambda node: not any(found(node) for found in inside) and (filter_fn is None or filter_fn(node))
+
     class Excluding(PT2EQuantizer):
-        def annotate(self, model):
-            model = super().annotate(model)
-            for node in model.graph.nodes:
-                if any(found(node) for found in inside):
-                    node.meta.pop("quantization_annotation", None)
-            return model
+        def _annotate_all_static_patterns(self, model, config, filter_fn=None):
+            return super()._annotate_all_static_patterns(model, config, kept(filter_fn))
+
+        def _annotate_all_dynamic_patterns(self, model, config, filter_fn=None):
+            return super()._annotate_all_dynamic_patterns(model, config, kept(filter_fn))
 
     return Excluding()
 
