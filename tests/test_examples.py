@@ -11,8 +11,10 @@ import torch
 from conftest import REPO
 from torch.jit.mobile import _load_for_lite_interpreter
 
+from mobilebuild import signing
 from mobilebuild.examples import digits
 from mobilebuild.plan import recipe, routes
+from mobilebuild.results import provenance, release
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.stages import modeling
 
@@ -156,3 +158,19 @@ def test_the_text_example_takes_any_length_in_range_on_every_target(built):
         reference = eager(built, loaded)(ids, mask)
     lite = _load_for_lite_interpreter(str(built / "artifacts/topics/topics-xnnpack.ptl"))
     assert sqnr_db(reference, lite(ids, mask)) > FP32_DB
+
+
+def test_the_examples_release_carries_valid_slsa_provenance_of_every_artifact(built, tmp_path):
+    key = signing.PrivateKey.generate("examples")
+    out = tmp_path / "release"
+    document = release.collect(built, out, allow_failed=True, signing_key=key)  # relaxed int8 targets too
+    statement = json.loads((out / provenance.STATEMENT_FILE).read_text())
+    provenance.validate(statement)  # the in-toto Statement v1 and SLSA Provenance v1 schemas, parsed strictly
+    assert {s["name"]: s["digest"]["sha256"] for s in statement["subject"]} == {
+        path: entry["sha256"] for path, entry in document["files"].items()}
+    assert {entry["recipe"] for entry in document["files"].values()} == {
+        "perf_recipe", "mobilenet_v2", "digits", "topics"}
+    dependencies = {d["name"] for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert {"recipes/digits.yaml", "python", "torch", "executorch", "onnxruntime"} <= dependencies
+    assert release.check_signature(out, signing.KeyRing([key.public()])) == "examples"
+    assert release.check_release_folder(out, document) == []
