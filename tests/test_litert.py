@@ -18,6 +18,7 @@ from torch import nn
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.routes.litert import ConvertConfig
+from mobilebuild.worker import reproducible
 from mobilebuild.worker.layers import litert as litert_layers
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.runtimes import litert as runtime
@@ -117,6 +118,24 @@ def test_int8_dynamic_quantizes_weights_without_calibration(converted, tmp_path)
     facts = runtime.inspect(dynamic, None)
     assert facts["constant_dtypes"].get("int8", 0) >= 3
     assert facts["inputs"][0]["dtype"] == "float32"
+
+
+TOKENS = {"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous"}
+
+
+def test_int8_dynamic_runs_a_transformer_with_its_token_embedding(tmp_path):
+    """PT2E's dynamic conversion gave the embedding table a zero point LiteRT's EMBEDDING_LOOKUP refused at load;
+    ai-edge-quantizer's dynamic-range recipe keeps it symmetric."""
+    model = tiny_models.tiny_transformer()
+    rebuild = tiny_models.stored_fused(model, tmp_path / "fused.pt", "tiny_models:tiny_transformer")
+    config = ConvertConfig(precision="int8", inputs=[TOKENS], options={}, mode="dynamic", **rebuild)
+    with reproducible.plain_attention():  # as every stage runs
+        litert.run({"model": tmp_path / "fused.pt"}, config, tmp_path / "dynamic.tflite")
+        ids = modeling.example_inputs([TOKENS], seed=5)[0]
+        with torch.no_grad():
+            expected = model.eval()(ids)
+    assert sqnr_db(expected, run_tflite(tmp_path / "dynamic.tflite", ids)) > 25
+    assert runtime.inspect(tmp_path / "dynamic.tflite", None)["constant_dtypes"]["int8"] >= 4
 
 
 @pytest.mark.parametrize("excluded", ["head", "features.3"])  # the classifier; a convolution in the middle

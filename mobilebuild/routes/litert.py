@@ -16,7 +16,7 @@ PACKAGES = ("litert-torch", "ai-edge-litert", "litert-converter", "ai-edge-quant
 # measured with litert-torch 0.10.0: a Linear on a 3-D input and an Embedding with a symbolic sequence length both
 # fail in its JAX lowering ("reshape new_sizes must all be positive", "Shapes must be 1D sequences of concrete values")
 FIXED = "litert-torch 0.10 converts at fixed sizes (its JAX lowering fails on a symbolic size)"
-MODES = ("static", "dynamic")  # PT2E static (calibrated) and dynamic-range (the kernels quantize activations)
+MODES = ("static", "dynamic")  # PT2E static (calibrated); dynamic-range (ai-edge-quantizer: weights int8)
 IO = ("float", "int8")
 WEIGHTS = ("fp32", "fp16")
 SCHEMA = {
@@ -58,6 +58,10 @@ def plan(chain):
             raise chain.error("weights: fp16 is for float targets; an int8 target's weights are int8: leave it out",
                               f"{where}.weights")
         options["weights"] = weights
+    if quantization.get("mode") == "dynamic" and quantization.get("exclude"):
+        raise chain.error("LiteRT's dynamic-range int8 (ai-edge-quantizer) picks operators by tensor-name patterns, "
+                          "not modules: quantize.exclude works with mode 'static' only; leave it out",
+                          "quantize.exclude")
     if options.get("io", "float") == "float":
         options.pop("io", None)
     elif chain.precision != "int8" or quantization.get("mode") == "dynamic":

@@ -11,9 +11,10 @@ JAX and writes the flatbuffer):
   converted fully integer. The converter gives such a model int8 input and output tensors; by default `float_io`
   puts a QUANTIZE before each and a DEQUANTIZE after each, so an app feeds and reads floats, as with the other
   routes; `litert: {io: int8}` keeps them int8 (the app quantizes with the tensors' scale and zero point);
-- int8 dynamic (quantize.mode: dynamic): PT2E's dynamic config, int8 weights and activations quantized by the
-  kernels as they run (LiteRT's dynamic-range kernels), no calibration.
-quantize.exclude keeps the named modules float (the quantizer's module-name config set to None).
+- int8 dynamic (quantize.mode: dynamic): ai-edge-quantizer's dynamic-range recipe on the float model, int8 weights and
+  activations quantized by LiteRT's kernels as they run, no calibration (see `dynamic_range` for why not PT2E's).
+quantize.exclude keeps the named modules float in static int8 (the quantizer leaves their nodes unannotated); the
+dynamic-range recipe picks operators by tensor-name patterns, and the plan refuses exclude for it.
 
 The converter takes the example's sizes only: its JAX lowering fails on a symbolic size (measured: a Linear on a
 3-D input, an Embedding: "reshape new_sizes must all be positive"), so the route declares fixed shapes
@@ -54,13 +55,13 @@ def examples(specs):
     return tuple(x.contiguous() for x in modeling.example_inputs(specs))
 
 
-def quantizer(mode="static", weights=None, exclude=(), observer=None):
-    """litert-torch's PT2E quantizer for the recipe's quantize settings."""
+def quantizer(weights=None, exclude=(), observer=None):
+    """litert-torch's PT2E quantizer for the recipe's static quantize settings."""
     from litert_torch.quantize.pt2e_quantizer import PT2EQuantizer, get_symmetric_quantization_config
     from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver
 
-    config = get_symmetric_quantization_config(is_per_channel=weights != "per_tensor", is_dynamic=mode == "dynamic")
-    if observer is not None:  # static only (the plan refuses an observer for dynamic mode)
+    config = get_symmetric_quantization_config(is_per_channel=weights != "per_tensor")
+    if observer is not None:
         kind = dict(zip(PT2E_OBSERVERS, (HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver)))[observer]
         activation = dataclasses.replace(config.input_activation,
                                          observer_or_fake_quant_ctr=kind.with_args(eps=2**-12))  # as the default's
@@ -85,9 +86,6 @@ def _excluding(paths):
     class Excluding(PT2EQuantizer):
         def _annotate_all_static_patterns(self, model, config, filter_fn=None):
             return super()._annotate_all_static_patterns(model, config, kept(filter_fn))
-
-        def _annotate_all_dynamic_patterns(self, model, config, filter_fn=None):
-            return super()._annotate_all_dynamic_patterns(model, config, kept(filter_fn))
 
     return Excluding()
 
@@ -131,14 +129,31 @@ def convert_error(exc, what):
 
 def fp16_weights(data):
     """The float model's weights stored as float16 (ai-edge-quantizer's FLOAT_CASTING weight-only recipe)."""
-    from ai_edge_quantizer import quantizer as edge_quantizer
     from ai_edge_quantizer.algorithm_manager import AlgorithmName
+
+    return edge_quantized(data, "add_weight_only_config", num_bits=16, algorithm_key=AlgorithmName.FLOAT_CASTING)
+
+
+def dynamic_range(data, weights=None):
+    """The float model's dynamic-range int8 form (ai-edge-quantizer's dynamic_wi8_afp32, per-tensor weights where
+    quantize.weights says so): int8 weights, activations quantized by LiteRT's kernels as they run. Not PT2E's dynamic
+    config: its conversion quantizes an embedding table with a zero point LiteRT's EMBEDDING_LOOKUP refuses
+    ("zero_point->data[0] == 0 was not true", measured on a Transformer's token embedding)."""
+    from ai_edge_quantizer.qtyping import QuantGranularity
+
+    granularity = QuantGranularity.TENSORWISE if weights == "per_tensor" else QuantGranularity.CHANNELWISE
+    return edge_quantized(data, "add_dynamic_config", num_bits=8, granularity=granularity)
+
+
+def edge_quantized(data, kind, **settings):
+    """`data` quantized by ai-edge-quantizer with one recipe entry for every operator it supports: its
+    RecipeManager's `kind` ("add_dynamic_config"...) with `settings`."""
+    from ai_edge_quantizer import quantizer as edge_quantizer
     from ai_edge_quantizer.qtyping import TFLOperationName
     from ai_edge_quantizer.recipe_manager import RecipeManager
 
     recipe = RecipeManager()
-    recipe.add_weight_only_config(regex=".*", operation_name=TFLOperationName.ALL_SUPPORTED, num_bits=16,
-                                  algorithm_key=AlgorithmName.FLOAT_CASTING)
+    getattr(recipe, kind)(regex=".*", operation_name=TFLOperationName.ALL_SUPPORTED, **settings)
     found = edge_quantizer.Quantizer(data)
     found.load_quantization_recipe(recipe.get_quantization_recipe())
     return bytes(found.quantize().quantized_model)
@@ -208,28 +223,27 @@ def _opcode(model, code):
 def to_bytes(model, config, exclude=()):
     """The target's .tflite bytes (see the module's docstring)."""
     options = config.options or {}
-    if config.precision != "int8":
+    if config.precision != "int8" or config.mode == "dynamic":
         progress.note("converting with litert-torch")
         with converting():
             data = convert(model, config.inputs)
+            if config.precision == "int8":
+                progress.note("quantizing (dynamic-range: int8 weights, activations quantized as it runs)")
+                return dynamic_range(data, config.weights)
             if options.get("weights") == "fp16":
                 progress.note("storing the weights as float16 (ai-edge-quantizer)")
                 data = fp16_weights(data)
         return data
-    if config.mode == "dynamic":
-        progress.note("quantizing (dynamic: int8 weights, activations quantized as it runs)")
-        samples = [examples(config.inputs)]
-    else:
-        if not config.calibration:
-            raise MobileBuildError("int8 LiteRT conversion needs calibration batches", field="quantize.calibration")
-        samples = calibration.at_example_sizes(config.calibration, config.inputs, "a LiteRT model takes")
-        progress.note(f"quantizing (PT2E), calibrated on {len(samples)} batch{'es' if len(samples) > 1 else ''}")
+    if not config.calibration:
+        raise MobileBuildError("int8 LiteRT conversion needs calibration batches", field="quantize.calibration")
+    samples = calibration.at_example_sizes(config.calibration, config.inputs, "a LiteRT model takes")
+    progress.note(f"quantizing (PT2E), calibrated on {len(samples)} batch{'es' if len(samples) > 1 else ''}")
     with converting():
-        chosen = quantizer(config.mode, config.weights, exclude, config.observer)
+        chosen = quantizer(config.weights, exclude, config.observer)
         graph = quantized(model, samples, chosen)
         progress.note("converting with litert-torch")
         data = convert(graph, config.inputs, chosen)
-    return data if config.mode == "dynamic" or options.get("io") == "int8" else float_io(data)
+    return data if options.get("io") == "int8" else float_io(data)
 
 
 def run(inputs, config, output):
