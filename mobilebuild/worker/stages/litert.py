@@ -32,6 +32,7 @@ import torch
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import progress
 from mobilebuild.worker.quiet import native_stderr, quiet
+from mobilebuild.worker.runtimes import litert as runtime
 from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
 
 PT2E_OBSERVERS = ("histogram", "minmax", "moving_average")  # routes.torchscript.TORCH_OBSERVERS, torchao's pt2e
@@ -250,5 +251,8 @@ def run(inputs, config, output):
     model = fuse.load(inputs["model"], config).eval()
     exclude = exclusion.resolve(model, config.exclude) if config.precision == "int8" else ()
     data = to_bytes(model, config, exclude)
+    # a file LiteRT's interpreter cannot load (a kernel refusing its quantization) is refused here, in one line,
+    # rather than shipped: every .tflite loads on the host's CPU, device-only targets' included
+    runtime.interpreter(data)
     with open(output, "wb") as handle:
         handle.write(data)
