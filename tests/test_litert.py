@@ -146,11 +146,13 @@ def test_exclude_keeps_a_module_float(converted, tmp_path, excluded):
     assert facts["int8_operators"] < whole["int8_operators"]
 
 
-def test_conversion_is_quiet_and_byte_identical_from_run_to_run(converted, tmp_path, capfd):
-    again = convert_to(converted["fused"], tmp_path, "again")
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_conversion_is_quiet_and_byte_identical_from_run_to_run(converted, tmp_path, capfd, precision):
+    again = convert_to(converted["fused"], tmp_path, "again", precision)
     printed = capfd.readouterr()
-    assert again.read_bytes() == converted["fp32"].read_bytes()
+    assert again.read_bytes() == converted[precision].read_bytes()
     assert "LiteRT-Torch Convert" not in printed.out and "I0000" not in printed.err, printed
+    assert "" not in (printed.out + printed.err).splitlines(), printed  # not even an empty line
 
 
 

@@ -31,14 +31,14 @@ import torch
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import progress
-from mobilebuild.worker.quiet import native_stderr, native_stdout_dropped, quiet
+from mobilebuild.worker.quiet import native_stderr, quiet
 from mobilebuild.worker.runtimes import litert as runtime
 from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
 
 PT2E_OBSERVERS = ("histogram", "minmax", "moving_average")  # routes.torchscript.TORCH_OBSERVERS, torchao's pt2e
 # absl's lines (I0000 ... flatbuffer_export.cc] Estimated count of arithmetic ops; the oneDNN notice at import) and
-# its preamble, empty lines: what the converter and LiteRT's libraries print natively on every conversion
-NATIVE_NOTES = (b"I0000 ", b"W0000 ", b"WARNING: All log messages before absl::InitializeLog()", b"\n")
+# its preamble: what the converter and LiteRT's libraries print natively on every conversion
+NATIVE_NOTES = (b"I0000 ", b"W0000 ", b"WARNING: All log messages before absl::InitializeLog()")
 
 
 def converting():
@@ -47,7 +47,6 @@ def converting():
     import contextlib
 
     stack = contextlib.ExitStack()
-    stack.enter_context(native_stdout_dropped())  # an empty line, natively, from an int8 conversion
     stack.enter_context(native_stderr(dropped=NATIVE_NOTES))
     stack.enter_context(quiet(logs=logging.WARNING))
     return stack
