@@ -477,7 +477,7 @@ def _spread(row):
 
 
 def _overlap(first, second):
-    """Whether two host medians are closer than their spread: each inside the other's p10-p90."""
+    """Whether two host medians are closer than their spread: either inside the other's p10-p90."""
     (low, high), (other_low, other_high) = _spread(first), _spread(second)
     return other_low <= first.median_ms <= other_high or low <= second.median_ms <= high
 
@@ -509,10 +509,10 @@ def recommend(rows):
         lines.append(_host_caveat(candidates))
         tied = [row for row in candidates[1:] if _overlap(best, row)]
         if tied:
-            lines.append(f"Not told apart by this run: {best.label}'s median and "
-                         + ", ".join(f"{row.label}'s ({two_or_three_decimals(row.median_ms)} ms)" for row in tied)
-                         + " lie within each other's p10-p90 spread of timed iterations; choose among them by size "
-                           "or quality, or time them on the device.")
+            lines.append(f"Not told apart by this run: {best.label} and "
+                         + ", ".join(f"{row.label} ({two_or_three_decimals(row.median_ms)} ms)" for row in tied)
+                         + ", whose medians lie within the other's p10-p90 spread of timed iterations; choose among "
+                           "them by size or quality, or time them on the device.")
         families = {}
         for row in candidates:
             families.setdefault(family(row), row)
