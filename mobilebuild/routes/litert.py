@@ -47,6 +47,9 @@ class ConvertConfig:
     mode: str = when_set("static")  # int8: quantize.mode, static (calibrated) or dynamic (dynamic-range kernels)
 
 
+DEFAULT_WEIGHTS = {"gpu-delegate": "fp16"}  # by backend: the GPU delegate's usual input
+
+
 def plan(chain):
     quantization, files = chain.final_quantization()
     options = chain.settings
@@ -71,8 +74,6 @@ def plan(chain):
                            fuse=chain.recipe.fuse, **quantization)
     return chain.shipped("litert", config, {"model": chain.nodes["fuse"]}, files=files)
 
-
-DEFAULT_WEIGHTS = {"gpu-delegate": "fp16"}  # by backend: the GPU delegate's usual input
 
 
 def tensor_layers(chain, common, files):
@@ -101,7 +102,7 @@ OUTSIDE_XNNPACK = ("STABLEHLO_", "CUSTOM")
 
 def preflight(check):
     """What the .tflite holds (read by the build's verify where it read these bytes): operators outside LiteRT's
-    builtin set, and for int8 the operators still computing in float."""
+    builtin set, and for int8 how many operators compute on integers."""
     if not check.built:
         return
     facts = ((check.verified or {}).get("artifact")) or None
@@ -110,6 +111,9 @@ def preflight(check):
 
         facts = runtime.inspect(check.artifact.output, None)
     check.facts["litert"] = {key: facts.get(key) for key in ("operators", "int8_operators", "op_types")}
+    if check.route.precision(check.target) == "int8":
+        check.notes.append(f"int8: {text(facts.get('int8_operators'))} of {text(facts.get('operators'))} operators "
+                           "compute on integers (the rest, float: quantize and dequantize, moves, what stayed float)")
     for kind, count in mapping(facts.get("op_types")).items():
         if kind.startswith(OUTSIDE_XNNPACK):
             check.add("fallback", f"{count} {kind} operator(s): no XNNPACK or GPU delegate kernel; they run on "
