@@ -189,8 +189,8 @@ def _side_by_side(positions, x_span):
         else:
             near.append(index)
     shifts = [0.0] * len(positions)
-    for group in groups:
-        for rank, index in enumerate(group):
+    for group in groups:  # in latency order: each neighbour ends SIDE_BY_SIDE farther away, none crosses another
+        for rank, index in enumerate(sorted(group, key=lambda index: positions[index])):
             shifts[index] = (rank - (len(group) - 1) / 2) * SIDE_BY_SIDE
     return shifts
 
