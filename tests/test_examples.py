@@ -61,7 +61,8 @@ def test_mobilenet_v2_ships_to_every_backend_and_says_what_ran_where(built):
     targets = {t["target"]: t for t in manifest["targets"]}
     assert {(t["backend"], t["runtime"]) for t in targets.values()} == {
         ("xnnpack", "pytorch-mobile"), ("qnnpack", "pytorch-mobile"), ("nnapi", "pytorch-mobile"),
-        ("xnnpack", "executorch"), ("vulkan", "executorch"), ("metal", "executorch"), ("onnx", "onnxruntime")}
+        ("xnnpack", "executorch"), ("vulkan", "executorch"), ("metal", "executorch"), ("onnx", "onnxruntime"),
+        ("xnnpack", "litert")}
     verification, benchmarks = manifest["verification"], manifest["benchmarks"]
     for name, target in targets.items():
         assert (built / "artifacts" / target["path"]).stat().st_size > 1e6, name
@@ -113,15 +114,20 @@ def test_digits_shows_a_pruned_and_a_dynamic_quantized_target(built):
     assert "| xnnpack-pruned |" in report and "l1_unstructured 0.5" in report and "| dynamic |" in report
 
 
-def test_digits_ships_litert_fp32_and_int8_verified_and_benchmarked(built):
-    manifest = json.loads((built / "artifacts/digits/manifest.json").read_text())
+@pytest.mark.parametrize("name", ["digits", "mobilenet_v2", "topics"])
+def test_every_example_ships_litert_fp32_and_int8_verified_and_benchmarked(built, name):
+    manifest = json.loads((built / f"artifacts/{name}/manifest.json").read_text())
     litert = {t["target"]: t for t in manifest["targets"] if t["runtime"] == "litert"}
     assert set(litert) == {"xnnpack-litert", "litert-int8"}
-    for target in litert:
+    for target in litert:  # at the default thresholds: none of these targets relaxes them
         assert manifest["verification"][target]["status"] == "passed", manifest["verification"][target]
         assert manifest["benchmarks"][target]["status"] == "ran"
-    assert manifest["layers"]["litert-int8"]["method"] == "litert"
     assert "LiteRT, xnnpack, int8" in (built / "artifacts/report.md").read_text()
+
+
+def test_digits_litert_int8_is_diagnosed_tensor_by_tensor(built):
+    manifest = json.loads((built / "artifacts/digits/manifest.json").read_text())
+    assert manifest["layers"]["litert-int8"]["method"] == "litert"
 
 
 def test_the_report_covers_every_example_with_plots(built):
@@ -140,19 +146,28 @@ def test_the_report_covers_every_example_with_plots(built):
     assert "qnnpack (" not in mobilenet.split("| target |")[0] or "passed only with relaxed thresholds" in mobilenet
 
 
-def test_the_text_example_takes_any_length_in_range_on_every_target(built):
+def test_the_text_example_takes_any_length_in_range_where_its_route_can(built):
     manifest = json.loads((built / "artifacts/topics/manifest.json").read_text())
     assert [(spec["name"], spec["dtype"], spec["dynamic"][0]["dim"]) for spec in manifest["inputs"]] == [
         ("ids", "int64", "seq"), ("mask", "int64", "seq")]
-    assert {t["target"] for t in manifest["targets"]} == {"xnnpack", "qnnpack", "xnnpack-executorch", "onnx"}
+    assert {t["target"] for t in manifest["targets"]} == {
+        "xnnpack", "qnnpack", "xnnpack-executorch", "onnx", "xnnpack-litert", "litert-int8"}
+    (loaded,) = [r for r in recipe.load_all(REPO) if r.name == "topics"]
+    lengths = {"min": [1, 4], "example": [1, 32], "max": [1, 64]}
+    report = (built / "artifacts/report.md").read_text()
     for target in manifest["targets"]:
         result = manifest["verification"][target["target"]]
         assert result["status"] == "passed" and target["outputs"][0]["name"] == "scores", target["target"]
-        assert {size: found["shapes"]["ids"] for size, found in result["sizes"].items()} == {
-            "min": [1, 4], "example": [1, 32], "max": [1, 64]}
+        # a route that converts at fixed sizes (Route.fixed_shape) is verified at the example's length, and says why
+        fixed = routes.get(target["backend"], target["runtime"]).fixed_shape(
+            loaded, target["precision"], (target["quantization"] or {}).get("mode", "static"))
+        assert target["fixed_shape"] == result.get("fixed_shape") == fixed, target["target"]
+        if fixed:  # one size checked: the result claims no other
+            assert "sizes" not in result and fixed in report
+        else:
+            assert {size: found["shapes"]["ids"] for size, found in result["sizes"].items()} == lengths
         assert result["metrics"]["accuracy_artifact"] > 0.95  # on held-out sentences
     # a length no check used, on the shipped .ptl: the dim stayed dynamic
-    (loaded,) = [r for r in recipe.load_all(REPO) if r.name == "topics"]
     ids, mask = (x[:, :50] for x in modeling.example_inputs(loaded.inputs, seed=5, size="max"))
     with torch.no_grad():
         reference = eager(built, loaded)(ids, mask)
