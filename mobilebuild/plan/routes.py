@@ -158,13 +158,17 @@ class Route:
         return f"dim{'s' if len(dims) > 1 else ''} {', '.join(dims)} fixed at the example size: {why}"
 
 
+NONE = "—"  # a fact that is absent or does not apply, in the report and the route's structure column
+
+
 def mapping(value):
     """A level of facts read from a file the reader does not trust: a dict, or an empty one."""
     return value if isinstance(value, dict) else {}
 
 
 def text(value):
-    return "—" if value is None or value == "" else str(value)
+    """A fact as a table cell: NONE where it is absent."""
+    return NONE if value is None or value == "" else str(value)
 
 
 _ROUTES = Registry("route")

@@ -19,11 +19,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 from mobilebuild.plan import routes
+from mobilebuild.plan.routes import mapping as _dict  # a level of an untrusted file: a dict, or an empty one
+from mobilebuild.plan.routes import text as _text  # a fact as a cell: NONE where absent
 
 TITLE = "mobilebuild report"
 EAGER = "eager"  # the benchmarks key of the eager fp32 baseline
 EAGER_LABEL = "eager fp32"
-NONE = "—"  # a value that is absent or does not apply; the reason, when known, is given beside the table
+NONE = routes.NONE  # a value that is absent or does not apply; the reason, when known, is given beside the table
 PLOTS_DIR = "plots"
 
 # (label, must be at least / at most) for the verification thresholds, in the table's column order; unknown
@@ -47,10 +49,6 @@ def _get(mapping, key):
     return mapping.get(key) if isinstance(mapping, dict) else None
 
 
-def _dict(value):
-    return value if isinstance(value, dict) else {}
-
-
 def _number(value):
     """A real number as a float, else None (null, a string, a boolean: nothing to compute with)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -62,10 +60,6 @@ def finite(value):
     """A number that can be plotted and divided: timings and sizes, where inf or nan mean a broken record."""
     value = _number(value)
     return value if value is not None and math.isfinite(value) else None
-
-
-def _text(value):
-    return NONE if value is None or value == "" else str(value)
 
 
 @dataclass
