@@ -13,7 +13,7 @@ from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild import signing
 from mobilebuild.examples import digits
-from mobilebuild.plan import recipe
+from mobilebuild.plan import recipe, routes
 from mobilebuild.results import provenance, release
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.stages import modeling
@@ -51,7 +51,7 @@ def test_fp32_artifacts_match_eager_and_manifests_are_complete(built, name):
     assert sqnr_db(reference, lite(x)) > FP32_DB
     manifest = json.loads((built / f"artifacts/{name}/manifest.json").read_text())
     assert {t["target"] for t in manifest["targets"]} >= {"xnnpack", "qnnpack"}
-    finals = {a["target"] for a in manifest["artifacts"] if a["stage"] in ("optimize", "nnapi", "lower", "export")}
+    finals = {a["target"] for a in manifest["artifacts"] if a["stage"] in routes.final_stages()}
     assert finals == {t["target"] for t in manifest["targets"]}
     assert all(t["status"] == ("passed" if t["runs_on_host"] else "not run on host") for t in manifest["targets"])
 
@@ -111,6 +111,17 @@ def test_digits_shows_a_pruned_and_a_dynamic_quantized_target(built):
     assert targets["qnnpack-dynamic"]["bytes"] < 0.5 * targets["xnnpack"]["bytes"]
     report = (built / "artifacts/report.md").read_text()
     assert "| xnnpack-pruned |" in report and "l1_unstructured 0.5" in report and "| dynamic |" in report
+
+
+def test_digits_ships_litert_fp32_and_int8_verified_and_benchmarked(built):
+    manifest = json.loads((built / "artifacts/digits/manifest.json").read_text())
+    litert = {t["target"]: t for t in manifest["targets"] if t["runtime"] == "litert"}
+    assert set(litert) == {"xnnpack-litert", "litert-int8"}
+    for target in litert:
+        assert manifest["verification"][target]["status"] == "passed", manifest["verification"][target]
+        assert manifest["benchmarks"][target]["status"] == "ran"
+    assert manifest["layers"]["litert-int8"]["method"] == "litert"
+    assert "LiteRT, xnnpack, int8" in (built / "artifacts/report.md").read_text()
 
 
 def test_the_report_covers_every_example_with_plots(built):

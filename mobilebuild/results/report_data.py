@@ -36,6 +36,8 @@ THRESHOLDS = {
     "max_rel_error": ("max rel. error", "<="),
     "top1_agreement": ("top-1 agreement", ">="),
     "accuracy_drop": ("accuracy drop", "<="),
+    "agreement": ("greedy agreement", ">="),  # a language model's (generate:)
+    "perplexity_ratio": ("perplexity ratio", "<="),
 }
 STATE_ORDER = ("passed", "failed", "not run on host", "not verified")
 RELAXED = "passed (relaxed)"  # passed, against thresholds the recipe set looser than the defaults
@@ -289,6 +291,7 @@ class Section:
     no_plots: str | None = None
     layers: Table | None = None  # per int8 target, the layers that add the most error (worker/stages/layers.py)
     layers_notes: list[str] = field(default_factory=list)  # how each target's layers were compared, what failed
+    generation: Table | None = None  # a language model's (generate:) token-by-token results, eager first
 
 
 @dataclass
@@ -665,11 +668,45 @@ def _section(manifest):
     section = Section(recipe, rows, about, recommend(rows), _main_table(rows), _details_table(rows),
                       _failures(rows), _notes(rows))
     section.layers, section.layers_notes = _layers(manifest, rows)
+    section.generation = _generation(rows)
     if any(row.median_ms is not None for row in rows):
         section.plot = plot_name(recipe)
     else:
         section.no_plots = "No plots: no benchmark ran for this recipe."
     return section
+
+
+GENERATION_TITLE = ("Generation, token by token (a language model with its KV cache; the main table's latency is one "
+                    "decode step): time to first token per prompt length, greedy agreement with eager, the lowest "
+                    "logits SQNR, held-out perplexity")
+
+
+def _per_length(row, key, digits):
+    lengths = _dict(_get(row.benchmark, "prompt_lengths"))
+    return ", ".join(f"{length}: {_fixed(_get(values, key), digits)}" for length, values in lengths.items()) or NONE
+
+
+GENERATION_COLUMNS = [
+    Column("target", "", False, lambda row: row.label),
+    Column("precision", "", False, lambda row: _text(row.precision)),
+    Column("status", "", False, lambda row: row.status),
+    Column("size (MB)", "", True, lambda row: _megabytes(row.size_bytes)),
+    Column("TTFT ms (prompt length: ms)", "", True, lambda row: _per_length(row, "ttft_ms", 2)),
+    Column("decode tokens/s", "", True, lambda row: _fixed(finite(_get(row.benchmark, "decode_tokens_per_s")), 0)),
+    Column("peak RSS (MB)", "", True, lambda row: _fixed(finite(_get(row.benchmark, "peak_rss_mb")), 0)),
+    Column("greedy agreement", "", True, lambda row: _fixed(row.metric("agreement"), 3)),
+    Column("SQNR (dB)", "", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
+    Column("perplexity", "", True, lambda row: _fixed(row.metric("perplexity_artifact"), 3)),
+    Column("eager perplexity", "", True, lambda row: _fixed(row.metric("perplexity_eager"), 3)),
+]
+
+
+def _generation(rows):
+    """The token-by-token table of a language model's recipe, or None for any other."""
+    if not any(_get(row.benchmark, "generation") or _get(row.verification, "generation") for row in rows):
+        return None
+    return Table(GENERATION_COLUMNS, [[column.cell(row) for column in GENERATION_COLUMNS] for row in rows],
+                 [row.state for row in rows])
 
 
 LAYERS_TITLE = "Worst layers of the int8 artifacts (each layer fed the float model's inputs; lowest SQNR first)"
