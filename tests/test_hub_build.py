@@ -60,3 +60,25 @@ def test_a_save_pretrained_folder_rebuilds_what_it_made_when_its_weights_change(
     assert project.doit("checkpoint:m") == ["checkpoint:m"]
     second = torch.load(project.artifact("m/checkpoint.pt"), weights_only=True)
     assert not torch.equal(first["classifier.weight"], second["classifier.weight"])
+
+
+def test_a_random_weight_mobilenet_v3_is_told_its_eager_output_is_near_zero(project):
+    """Its eager output is about 1e-10 whatever the input: ExecuTorch's int8 gives exactly 0 ("cosine 0 < 0.98"
+    alone, before), ONNX Runtime's int8 passes by luck; both say why the verdict means little."""
+    project.write_recipe({"name": "mnv3", "model": {"torchvision": "mobilenet_v3_small",
+                                                    "kwargs": {"num_classes": 10}},
+                          "input": {"shape": [1, 3, 64, 64]}, "verify": {"samples": 4},
+                          "benchmark": {"warmup": 1, "iters": 2},
+                          "quantize": {"calibration": {"source": "random", "batches": 4}},
+                          "targets": [{"backend": "onnx", "precision": "int8"},
+                                      {"backend": "xnnpack", "runtime": "executorch", "precision": "int8"}]})
+    ran = project.run()
+    results = [json.loads(path.read_text()) for path in sorted(project.artifact("mnv3").glob("verify-*.json"))]
+    assert len(results) == 2 and {result["status"] for result in results} == {"passed", "failed"}, results
+    for result in results:
+        note = result["reference_note"]
+        assert note.startswith("the eager output is near zero (RMS ") and "random weights? give a trained" in note
+        assert f"note: {note}" in ran.stdout + ran.stderr
+        if result["status"] == "failed":  # the thresholds missed, then why
+            assert result["failures"][-1] == note and len(result["failures"]) > 1
+    assert "eager reference (" in project.artifact("report.md").read_text()
