@@ -82,3 +82,21 @@ def test_a_random_weight_mobilenet_v3_is_told_its_eager_output_is_near_zero(proj
         if result["status"] == "failed":  # the thresholds missed, then why
             assert result["failures"][-1] == note and len(result["failures"]) > 1
     assert "eager reference (" in project.artifact("report.md").read_text()
+
+
+def test_a_model_script_cannot_compile_is_traced_and_the_artifact_says_so(project):
+    """GPT-2's forward is not TorchScript: the default `script: script` falls back to the trace, checked at the
+    sequence's smallest, example and largest sizes, and verified there as any artifact is."""
+    from test_hub_sources import GPT2
+
+    project.write_recipe({"name": "gpt", "model": {"transformers": "AutoModelForCausalLM", "config": GPT2},
+                          "inputs": [{"name": "input_ids", "shape": [1, "seq"], "dtype": "int64"}],
+                          "dims": {"seq": {"min": 2, "max": 32, "example": 8}}, "verify": {"samples": 2},
+                          "benchmark": {"warmup": 1, "iters": 2}, "targets": [{"backend": "xnnpack"}]})
+    ran = project.run()
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "   note: torch.jit.script failed (" in ran.stdout and "Traceback" not in ran.stdout + ran.stderr
+    result = json.loads(project.artifact("gpt/verify-xnnpack.json").read_text())
+    assert result["status"] == "passed" and set(result["sizes"]) == {"min", "example", "max"}
+    assert result["artifact"]["torchscript"]["made_by"] == "torch.jit.trace"
+    assert "traced, as torch.jit.script failed (" in project.artifact("report.md").read_text()
