@@ -100,3 +100,39 @@ def test_a_model_script_cannot_compile_is_traced_and_the_artifact_says_so(projec
     assert result["status"] == "passed" and set(result["sizes"]) == {"min", "example", "max"}
     assert result["artifact"]["torchscript"]["made_by"] == "torch.jit.trace"
     assert "traced, as torch.jit.script failed (" in project.artifact("report.md").read_text()
+
+
+DISTILBERT = {"model_type": "distilbert", "dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64,
+              "vocab_size": 100, "max_position_embeddings": 64}
+
+
+def test_executorch_int8_of_token_id_models_falls_back_to_torchaos_dynamic_int8_and_says_so(project):
+    """PT2E fails on transformers' mask code (it indexes with a float constant after prepare_pt2e): DistilBERT and
+    GPT-2 are quantized by torchao instead, static (fixed at the example's sizes, as static int8 is) and dynamic
+    (every size); each verifies at the default thresholds and records how it was made."""
+    from test_hub_sources import GPT2
+
+    et_int8 = {"backend": "xnnpack", "runtime": "executorch", "precision": "int8"}
+    common = {"inputs": [{"name": "input_ids", "shape": [1, "seq"], "dtype": "int64"}],
+              "dims": {"seq": {"min": 2, "max": 32, "example": 8}}, "verify": {"samples": 4},
+              "benchmark": {"warmup": 1, "iters": 2}}
+    mask = {"name": "attention_mask", "shape": [1, "seq"], "dtype": "int64"}  # without it PT2E works on DistilBERT
+    project.write_recipe({"name": "dbert", "model": {"transformers": "AutoModelForSequenceClassification",
+                                                     "config": DISTILBERT}, **common,
+                          "inputs": [*common["inputs"], mask],
+                          "targets": [et_int8, {**et_int8, "name": "dynamic", "quantize": {"mode": "dynamic"}}]})
+    project.write_recipe({"name": "gpt", "model": {"transformers": "AutoModelForCausalLM", "config": GPT2},
+                          **common, "targets": [et_int8]})
+    ran = project.run()
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "   note: int8 quantization (PT2E) failed: " in ran.stdout and "Traceback" not in ran.stdout + ran.stderr
+    results = {path.parent.name + "/" + path.name: json.loads(path.read_text())
+               for path in project.root.glob("artifacts/*/verify-*.json")}
+    assert len(results) == 3
+    for name, result in results.items():
+        assert result["status"] == "passed" and not result["relaxed"], (name, result)
+        made = result["artifact"]["made"]
+        assert made["int8"] == "dynamic" and made["why"].startswith("int8 quantization (PT2E) failed: ")
+        assert made["asked"] == ("dynamic" if "sizes" in result else "static")
+    assert sum("sizes" in result for result in results.values()) == 1  # the dynamic one, checked at each size
+    assert "int8 dynamic by torchao, as int8 quantization (PT2E) failed" in project.artifact("report.md").read_text()

@@ -54,6 +54,11 @@ def saved(model, mode, specs):
     (timm's MobileViTv2: "Could not export Python function call"; every transformers model), the traced model
     instead, when it matches the eager model at every size verification checks (the dynamic dims' smallest and
     largest too: a trace may have recorded the example's sizes)."""
+    held = outputs.held_objects(model, modeling.example_inputs(specs))
+    if held:
+        raise MobileBuildError(f"the model returns {held}: TorchScript returns only tensors, tuples, lists and dicts, "
+                               f"so neither torch.jit.script nor torch.jit.trace can: {outputs.object_advice(held)}",
+                               field="script")
     if mode != "script":
         return _bytes(to_torchscript(model, mode, modeling.example_inputs(specs))), None
     try:
