@@ -87,6 +87,11 @@ def _recipe_files(paths):
             yield path
 
 
+# What an "ok" of validate covers: an input shape the model refuses, say, passes it and fails the build.
+GRAMMAR_ONLY = ("validate checks the grammar, the files and the graph, not the model: `mobilebuild check RECIPE` "
+                "builds it and runs each target on this host")
+
+
 def validate(paths, root="."):
     """Check recipes and the graph they make; print one line per problem. Returns the exit status."""
     root = Path(root)
@@ -103,6 +108,7 @@ def validate(paths, root="."):
         return 1
     for item in recipes:
         print(f"ok {item.file}: {item.name} -> {', '.join(t.id for t in item.targets)}")
+    print(GRAMMAR_ONLY)
     return 0
 
 

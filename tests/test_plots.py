@@ -117,3 +117,30 @@ def test_draw_all_draws_every_recipe_from_its_manifest(tmp_path):
     assert plots.draw_all(tmp_path) == 2
     for name in ("alpha", "beta"):
         assert (tmp_path / "plots" / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_one_outlying_p90_does_not_stretch_the_latency_axis():
+    """An eager p90 of 3.27 ms against medians near 0.1-0.3 ms: the axis ends near the medians, the p90 is written."""
+    manifest = full_manifest()
+    manifest["benchmarks"]["eager"].update(median_ms=0.3, p10_ms=0.28, p90_ms=3.27)
+    manifest["benchmarks"]["xnnpack"].update(median_ms=0.1, p10_ms=0.09, p90_ms=0.12)
+    manifest["benchmarks"]["qnnpack"].update(median_ms=0.2, p10_ms=0.19, p90_ms=0.22)
+    drawing = plots.figure("outlier", rows(manifest))
+    latency = drawing.axes[0]
+    assert latency.get_xlim()[1] <= plots.OUTLIER_REACH * 0.3 * 1.15 + 1e-9
+    assert "0.300 (p90 3.27 ms, beyond the axis)" in [text.get_text() for text in latency.texts]
+    assert [text.get_text() for text in latency.texts][1:] == ["0.100", "0.200"]  # within reach: as before
+
+
+def test_targets_with_equal_numbers_are_drawn_side_by_side():
+    manifest = full_manifest()
+    manifest["benchmarks"]["qnnpack"].update(median_ms=6.0, artifact_bytes=14_700_000)  # as xnnpack
+    manifest["targets"][1]["bytes"] = 14_700_000
+    drawing = plots.figure("equal", rows(manifest))
+    drawing.canvas.draw()
+    size_panel = drawing.axes[1]
+    where = [tuple(points.get_offset_transform().transform(points.get_offsets())[0])
+             for points in size_panel.collections]
+    assert len(where) == 3 and len(set(where)) == 3  # eager, and the two targets in the same place, each visible
+    (x_one, y_one), (x_two, y_two) = where[1:]
+    assert y_one == y_two and abs(x_one - x_two) >= plots.SIDE_BY_SIDE  # display pixels at 100 dpi: >= 9 points

@@ -299,13 +299,13 @@ def test_the_text_report_lists_findings_after_the_target_lines():
               "blocking": 0, "advice": 1, "exit_code": 0}
     assert command.format(report).splitlines() == [
         "r (recipes/r.yaml): torch 2.12.1",
-        "model: built and fused in 0.5 s; all targets: ok",
+        f"model: built and fused in 0.5 s; all targets: ok ({command.STRUCTURE_ONLY})",
         "et (xnnpack, executorch -> xnnpack, fp32): up to date in 1.2 s: ok, 1 fallback",
         "et:",
         "    kind           where             detail",
         "    fallback       aten::cumsum.out  2 calls outside",
         "    note: a note",
-        "0 blocking, 1 fallback: no blocking findings (exit 0)"]
+        f"0 blocking, 1 fallback: no blocking findings ({command.STRUCTURE_ONLY}) (exit 0)"]
 
 
 # --- what the build's own tasks decide (slow: they run, and real builds follow) -----------------------------------
@@ -451,7 +451,7 @@ def test_a_clean_model_exits_0_with_a_line_per_target(root, monkeypatch, capsys)
                           ("nnapi", "pytorch-mobile, fp32"), ("onnx", "onnxruntime, fp32")):
         assert any(line.startswith(f"{target} (") and route in line and line.endswith(": ok") for line in lines)
     assert "    note: not run here: it runs only on an Android 8.1+ device with NNAPI" in lines
-    assert lines[-1] == "0 blocking, 0 advice: no blocking findings (exit 0)"
+    assert lines[-1] == f"0 blocking, 0 advice: no blocking findings ({command.STRUCTURE_ONLY}) (exit 0)"
 
 
 @pytest.mark.slow
@@ -490,3 +490,30 @@ def test_int8_operations_without_a_quantized_kernel_go_to_fx_graph_mode(root):
     (note,) = qnnpack["notes"]
     assert note == ("int8: eager mode cannot quantize the model, so the build quantized it in FX graph mode; "
                     "operations kept float: none")
+
+
+def test_a_wide_where_never_runs_into_its_detail():
+    where = "features.5.block.0.0 and 15 more features.5.block.0.0 and 15 more"  # wider than the column
+    finding = {"target": "et", "kind": "advice", "detail": "Hardswish does not fuse", "where": where}
+    report = {"recipe": "r", "file": "recipes/r.yaml", "versions": {}, "model": {"findings": [], "notes": []},
+              "targets": [{"target": "et", "findings": [finding], "notes": []}], "blocking": 0, "exit_code": 0}
+    assert f"    advice         {where}  Hardswish does not fuse" in command.footer(report)
+
+
+def test_conv_bn_pairs_are_checked_on_a_model_with_a_dict_output():
+    """A transformers-style dict output: torch.jit.trace refuses it unless strict=False, and check said so."""
+    from mobilebuild.preflight.structure import unfolded_batch_norms
+
+    class DictOut(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return {"features": self.norm(self.conv(x))}
+
+    spec = {"name": "x", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+    found, notes = unfolded_batch_norms(DictOut().eval(), [spec])
+    assert notes == []
+    (pair,) = found
+    assert pair["where"] == "norm after conv" and "list [conv, norm] in the recipe's `fuse`" in pair["detail"]

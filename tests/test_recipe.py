@@ -77,6 +77,19 @@ def test_each_problem_is_one_line_naming_file_and_field(tmp_path, change, expect
     assert all("\n" not in line for line in found)
 
 
+def test_a_misspelling_gets_a_did_you_mean(tmp_path):
+    data = tiny_recipe()
+    data["targets"][0].update(optimise={}, backend="qnnpak")
+    data["colour"] = "blue"
+    found = problems(tmp_path, data)
+    assert any(line.startswith("recipes/tiny.yaml: targets[0]: unknown key 'optimise' (allowed: ")
+               and line.endswith("; did you mean 'optimize'?") for line in found), found
+    assert any(line.startswith("recipes/tiny.yaml: targets[0].backend: expected one of ")
+               and line.endswith('got "qnnpak"; did you mean "qnnpack"?') for line in found), found
+    assert any(line.startswith("recipes/tiny.yaml: (top level): unknown key 'colour'") and "did you mean" not in line
+               for line in found), found  # nothing close: no guess
+
+
 def test_yaml_syntax_errors_name_the_line(tmp_path):
     (line,) = problems(tmp_path, "name: x\nmodel: [\n")
     assert line.startswith("recipes/tiny.yaml: line 3, column 1: invalid YAML")

@@ -36,7 +36,8 @@ def test_full_manifest_computes_speed_up_and_size_ratio_against_eager(tmp_path):
 
     # what to ship comes first: the faster qnnpack failed, and the reason is given
     assert ("**Ship xnnpack (PyTorch Mobile, xnnpack, fp32): the fastest of 1 artifact(s) verified on this host that "
-            "pass the default thresholds; 6.00 ms median (2.10x eager fp32), 14.70 MB, SQNR 104.3 dB.**" in markdown)
+            "pass the default thresholds; 6.00 ms median (2.10x eager fp32), 14.70 MB, SQNR 104.3 dB, top-1 agreement "
+            "1.000.**" in markdown)
     assert ("- Faster, but left out: qnnpack (4.20 ms): FAILED (SQNR dB 12.5 < 20, cosine 0.973 < 0.9999, "
             "max rel. error 0.21 > 0.01, top-1 agreement 0.5 < 0.99)." in markdown)
 
@@ -80,6 +81,16 @@ def test_main_writes_the_report_or_says_there_is_nothing_to_report(tmp_path, cap
     assert str(tmp_path / "report.html") in out
     assert (tmp_path / "report.md").read_text().startswith("# mobilebuild report")
     assert not (tmp_path / "plots").exists()  # the build's plot stage draws them
+    assert out.strip().endswith("report.md: 1 recipe(s) built (mnv2)")
+
+
+def test_the_report_line_says_which_recipes_it_covers_and_which_it_does_not(tmp_path, capsys):
+    """A broken recipe's build printed "wrote ... (7 recipe(s))" right after saying the report was skipped."""
+    manifest_file(tmp_path, "mnv2", full_manifest())
+    manifest_file(tmp_path, "bad", {**full_manifest(), "recipe": "bad"})  # an earlier build's: left out
+    assert report.main(tmp_path, {"bad": ["checkpoint:bad: recipes/bad.yaml: input.shape: ..."]}) == 0
+    assert capsys.readouterr().out.strip().endswith(
+        "report.md: 1 recipe(s) built (mnv2); NOT BUILT, listed with their errors: bad")
 
 
 def test_report_does_not_import_torch():

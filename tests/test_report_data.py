@@ -4,7 +4,7 @@ Markdown where a person reads them), what to ship and why, broken input survived
 import pytest
 from report_manifests import HEADER, TOOLCHAIN, compressed_manifest, full_manifest, manifest_file, write
 
-from mobilebuild.results import report_data
+from mobilebuild.results import report, report_data
 
 
 def test_not_run_on_host_skipped_and_missing_benchmarks_show_their_reasons(tmp_path):
@@ -273,7 +273,7 @@ def test_the_report_is_data_both_renderers_share():
         ("eager fp32", "reference", 12.6), ("xnnpack", "passed", 6.0), ("qnnpack", "failed", 4.2)]
     assert section.recommendation[0] == (
         "Ship xnnpack (PyTorch Mobile, xnnpack, fp32): the fastest of 1 artifact(s) verified on this host that pass "
-        "the default thresholds; 6.00 ms median (2.10x eager fp32), 14.70 MB, SQNR 104.3 dB.")
+        "the default thresholds; 6.00 ms median (2.10x eager fp32), 14.70 MB, SQNR 104.3 dB, top-1 agreement 1.000.")
     assert section.table.cells[2][:3] == ["qnnpack", "FAILED", "PyTorch Mobile, qnnpack, int8"]
     assert section.plot == "mnv2.png" and section.no_plots is None
 
@@ -285,3 +285,47 @@ def test_runtime_families_and_layer_methods_are_named_by_one_function_each():
         "PyTorch eager", "ExecuTorch", "toyruntime"]  # a runtime without a family keeps its own name
     assert [report_data.layer_method(name) for name in ("eager", "fx", "pt2e", "onnx", "novel", None)] == [
         "eager numeric suite", "FX numeric suite", "PT2E numeric debugger", "ONNX Runtime, node by node", "novel", "—"]
+
+
+def test_a_pruned_targets_loss_against_the_unpruned_model_is_a_column(tmp_path):
+    """Its verdict is against the pruned model ("passed", 90.3% -> 90.3%); what pruning cost was only in a note."""
+    manifest = compressed_manifest()
+    manifest["verification"]["pruned"]["metrics"].update(accuracy_reference=0.903, accuracy_artifact=0.903)
+    manifest["verification"]["pruned"]["against_unpruned"] = {
+        "accuracy_reference": 0.995, "accuracy_artifact": 0.903, "top1_agreement": 0.9, "sqnr_db": 12.0,
+        "summary": "accuracy 0.995 -> 0.903 (-9.2 points)"}
+    _, markdown, page = write([manifest], tmp_path)
+    assert "| accuracy | vs unpruned fp32 |" in markdown
+    assert "| 90.3% -> 90.3% | -9.2 pt accuracy |" in markdown
+    assert "| 99.5% | — |" not in markdown and "<th>vs unpruned fp32</th>" in page
+    assert "vs unpruned fp32" not in write([compressed_manifest()], tmp_path / "without")[1]  # nothing pruned says
+
+
+def test_what_the_timings_are_is_said_beside_the_pick(tmp_path):
+    """The pick rests on host medians: the report says whose CPU, that a device may rank them otherwise, and which
+    candidates one run cannot tell apart (each median within the other's p10-p90)."""
+    manifest = compressed_manifest()
+    manifest["benchmarks"]["dynamic"].update(median_ms=4.5, p10_ms=4.1, p90_ms=5.0)  # within static's 4.0-5.1
+    lines = report_data.build([manifest]).sections[0].recommendation
+    assert lines[0].startswith("Ship static ")
+    assert lines[1] == ("Speed here is the build host's CPU (Intel Xeon, 1 thread(s)), not a phone's: a device's CPU, "
+                        "and its NPU or GPU delegates, may rank these artifacts otherwise; time them on the device "
+                        "(benchmark.device) before choosing on speed.")
+    assert lines[2] == ("Not told apart by this run: static's median and dynamic's (4.50 ms) lie within each other's "
+                        "p10-p90 spread of timed iterations; choose among them by size or quality, or time them on "
+                        "the device.")
+    assert not any("told apart" in line for line in report_data.build([compressed_manifest()]).sections[0]
+                   .recommendation)  # 9.0 ms against 4.0-5.1: apart
+    _, markdown, page = write([manifest], tmp_path)
+    assert "the build host&#x27;s CPU" in page and "- Not told apart by this run: " in markdown
+
+
+def test_not_built_and_failed_recipes_stand_out_in_the_summary(tmp_path):
+    failed = full_manifest()  # its qnnpack failed
+    passed = {**compressed_manifest(), "recipe": "fine"}
+    paths = report.write_report([failed, passed], tmp_path, {"bad": ["checkpoint:bad: recipes/bad.yaml: ..."]})
+    page = paths[1].read_text()
+    assert '<li class="not-built">bad: NOT BUILT, 1 error(s): checkpoint:bad: recipes/bad.yaml: ...</li>' in page
+    assert '<li class="failed">mnv2: 2 target(s): 1 passed, 1 FAILED</li>' in page
+    assert '<li class="built">fine: 3 target(s): 3 passed</li>' in page
+    assert "ul.summary li.not-built { color: #cf222e" in page

@@ -89,7 +89,7 @@ def toy_project(project):
     (project.root / "toystage.py").write_text(TOY_STAGE)
     (project.root / "toyruntime.py").write_text(TOY_RUNTIME)
     (project.root / "dodo.py").write_text(TOY_DODO)
-    # the `doit graph` command, as a repository of models registers it (README, Commands)
+    # the `doit graph` command, as a repository of models registers it (docs/commands.md)
     plugins = '[tool.doit.plugins.command]\ngraph = "mobilebuild.engine.commands:Graph"\n'
     (project.root / "pyproject.toml").write_text(plugins)
     project.write_recipe(tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "toy", "toy": {"note": "hello"}},

@@ -1,8 +1,11 @@
 """Stage functions on tiny models: numerics of every artifact against the eager model, and clear errors."""
 
+import re
+
 import pytest
 import tiny_models
 import torch
+import torchvision
 from torch.jit.mobile import _load_for_lite_interpreter
 from torch.utils.mobile_optimizer import optimize_for_mobile
 
@@ -175,6 +178,17 @@ class TestCheckpointFiles:
 def test_checkpoint_reports_an_input_shape_the_model_rejects():
     with pytest.raises(MobileBuildError, match=r"the model rejects inputs input \[1, 5, 16, 16\] float32: ") as caught:
         checkpoint.check_input(tiny_models.conv_bn(), [{**INPUT, "shape": [1, 5, 16, 16]}])
+    assert caught.value.field == "input.shape"
+
+
+@pytest.mark.parametrize("make, layer", [(tiny_models.conv_bn, "0 (Conv2d)"),
+                                         (lambda: torchvision.models.mobilenet_v3_small(), "features.0.0 (Conv2d)")])
+def test_an_input_of_the_wrong_rank_is_named_as_such(make, layer):
+    """[1, 3, 64] for a Conv2d model: torch reads it as one unbatched image and speaks of channels."""
+    with pytest.raises(MobileBuildError, match=rf"the recipe's shape \[1, 3, 64\] has rank 3, but the model's first "
+                                               rf"layer, {re.escape(layer)}, takes rank 4 \(\[batch, channels, "
+                                               r"height, width\]\): give input.shape 4 sizes \(torch: ") as caught:
+        checkpoint.check_input(make().eval(), [{**INPUT, "shape": [1, 3, 64]}])
     assert caught.value.field == "input.shape"
 
 

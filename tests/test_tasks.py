@@ -163,6 +163,10 @@ def test_a_bad_checkpoint_fails_in_one_line_and_leaves_no_artifact(project):
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
     assert len(errors) == 1
     assert errors[0].startswith("ERROR: checkpoint:tiny: recipes/tiny.yaml: model.checkpoint: ")
+    # one line for the broken recipe; what it kept from running is a count, and the report line says what it covers
+    assert not [line for line in result.stderr.splitlines() if line.startswith("skipped ")], result.stderr
+    assert "not run, as they need a task that failed" in result.stdout.splitlines()[-1]
+    assert result.stderr.splitlines()[-1].endswith("no recipe built; NOT BUILT, listed with their errors: tiny")
     written = {p.relative_to(project.root / "artifacts").as_posix() for p in (project.root / "artifacts").rglob("*")
                if p.is_file()}
     assert written == {"report.md", "report.html"}  # which says so: "tiny: NOT BUILT, 1 error(s): checkpoint:tiny..."

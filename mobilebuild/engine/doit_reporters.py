@@ -63,14 +63,17 @@ class RunHooks:
 
 
 class Reporter(RunHooks, ConsoleReporter):
-    """doit's console output, with the tasks found up to date counted in one line at the end instead of one line
-    each (a monorepo's up-to-date build printed hundreds); `-r verbose` lists them."""
+    """doit's console output, with the tasks found up to date, and those a failure kept from running, counted in one
+    line at the end instead of one line each (a monorepo's up-to-date build printed hundreds, a broken recipe a
+    dozen); `-r verbose` lists them."""
 
     desc = "console output; up-to-date tasks as one count; recipe mistakes as one line each; one build at a time"
+    names_skipped = False
 
     def initialize(self, tasks, selected_tasks):
         super().initialize(tasks, selected_tasks)
         self.up_to_date = self.executed = 0
+        self.skipped = []  # tasks not run because a task they need failed: counted, the failure itself is said
 
     def execute_task(self, task):
         self.executed += bool(task.actions)
@@ -80,18 +83,24 @@ class Reporter(RunHooks, ConsoleReporter):
         self.up_to_date += task.name[0] != "_"
 
     def complete_run(self):
-        up_to_date = getattr(self, "up_to_date", 0)
-        if up_to_date and not self.executed:
+        up_to_date, skipped = getattr(self, "up_to_date", 0), len(getattr(self, "skipped", ()))
+        if up_to_date and not self.executed and not skipped:
             self.write(f"all {up_to_date} tasks up to date: nothing to do\n")
-        elif up_to_date:
-            self.write(f"{up_to_date} more tasks up to date\n")
+        elif up_to_date or skipped:
+            counts = [f"{up_to_date} more tasks up to date"] if up_to_date else []
+            if skipped:  # one broken recipe used to print a dozen `skipped ...` lines, the report's among them
+                counts.append(f"{skipped} not run, as they need a task that failed (-r verbose names them)")
+            self.write("; ".join(counts) + "\n")
         super().complete_run()
 
     def _write_failure(self, result, write_exception=True):
         failure = result["exception"]
         if isinstance(failure, UnmetDependency):
             if result["task"].actions:  # group tasks (build, verify...) only echo their members' failures
-                sys.stderr.write(f"skipped {result['task'].name}: it needs {failure.message.strip()}, which failed\n")
+                self.skipped.append(result["task"].name)
+                if self.names_skipped:
+                    sys.stderr.write(f"skipped {result['task'].name}: it needs {failure.message.strip()}, "
+                                     "which failed\n")
             return None
         if isinstance(failure, TaskError):  # an unexpected exception: keep doit's traceback, it is a bug
             return super()._write_failure(result, write_exception)
@@ -112,8 +121,10 @@ def _one_build_at_a_time(base):
 class VerboseReporter(Reporter):
     """The console reporter with doit's `-- task` line for each task found up to date."""
 
-    desc = "console output with a line per up-to-date task; one build at a time"
+    desc = ("console output with a line per up-to-date task and per task a failure kept from running; one build at "
+            "a time")
     skip_uptodate = ConsoleReporter.skip_uptodate
+    names_skipped = True
 
 
 JsonReporter = _one_build_at_a_time(reporter.JsonReporter)

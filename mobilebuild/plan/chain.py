@@ -15,6 +15,7 @@ from pathlib import Path
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import stages, toolchain
 from mobilebuild.plan.node import Node
+from mobilebuild.plan.settings import ModelSource, Quantization
 
 ARTIFACTS_DIR = "artifacts"
 
@@ -27,7 +28,7 @@ SOURCE_KEYS = ("torchvision", "quantizable", "factory", "timm", "transformers", 
 HUB_SOURCES = ("timm", "transformers")  # libraries of models: their version keys what they build
 
 
-def model_source(model, inputs=()):
+def model_source(model, inputs=()) -> ModelSource:
     """What the stages build the model from: the recipe's source; the inputs' names, each passed to the parameter of
     forward of that name where it has one (worker/named_inputs.py), where there are several or the model is a hub
     library's (a torchvision or factory model of one input takes it by position, and keeps its nodes' settings); a
@@ -127,20 +128,25 @@ class Chain:
         return dict(self.target.settings.get(self.route.settings, {})) if self.route.settings else {}
 
     @property
-    def quantization(self):
+    def quantization(self) -> Quantization | None:
         """How an int8 model was quantized, for the stages that rebuild it and for the manifest."""
         if self.precision != "int8":
             return None
-        found = {"mode": self.target.quantize["mode"], "weights": self.target.quantize.get("weights")}
-        if self.target.quantize.get("exclude"):  # only where set: other recipes keep their keys
-            found["exclude"] = self.target.quantize["exclude"]
+        found = Quantization(mode=self.target.quantize["mode"], weights=self.target.quantize.get("weights"))
+        if self.excluded:  # only where set: other recipes keep their keys
+            found["exclude"] = self.excluded
         return found
+
+    @property
+    def excluded(self):
+        """quantize.exclude, the one place it is read from the target; None where unset."""
+        return self.target.quantize.get("exclude") or None
 
     def quantize_options(self):
         """(exclude, observer): the target's quantize.exclude and quantize.observer as its route takes them, None
         where unset. Module names are checked by the stages, which have the model."""
         settings, route, file = self.target.quantize, self.route, self.recipe.file
-        exclude, observer = settings.get("exclude") or None, settings.get("observer")
+        exclude, observer = self.excluded, settings.get("observer")
         if observer is not None and observer not in route.observers:
             choices = f"expected one of {', '.join(route.observers)}" if route.observers else "it takes none"
             raise MobileBuildError(f"{route.backend} ({route.runtime}) has no observer {observer!r}: {choices}",

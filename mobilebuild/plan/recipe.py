@@ -4,6 +4,7 @@ Everything here is plain data; nothing imports torch.
 """
 
 import copy
+import difflib
 import functools
 import hashlib
 import json
@@ -17,6 +18,7 @@ from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import hub, routes
 from mobilebuild.plan.chain import escaping, files_below
+from mobilebuild.plan.settings import Fusion
 
 SCHEMA_PATH = Path(__file__).parents[1] / "recipe.schema.json"  # at the package's top: editors point at it
 CACHE_FILE = ".mobilebuild/recipes.json"
@@ -74,9 +76,9 @@ class Recipe:
     name: str
     file: str  # relative to the repository root, POSIX
     sha256: str
-    model: dict
+    model: dict  # the recipe's `model:` (model_source keeps what the stages read: settings.ModelSource)
     inputs: list  # each input's spec (see input_specs): name, shape at the example size, dtype, dynamic dims
-    fuse: object
+    fuse: Fusion
     prune: object
     quantize: dict
     script: str
@@ -134,11 +136,20 @@ def field_path(parts):
     return text
 
 
+def _did_you_mean(given, known, show, which):
+    """'; did you mean 'optimize'?' for a misspelling of one of `known` (difflib's closest match), else ''."""
+    if not isinstance(given, str):
+        return ""
+    close = difflib.get_close_matches(given, [str(name) for name in known], n=1)
+    return f"; did you mean {show(close[0])}{which}?" if close else ""
+
+
 def _describe(error):
     """One line saying what was expected, in the user's terms rather than JSON Schema's."""
     kind, expected = error.validator, error.validator_value
     if kind == "enum":
-        return f"expected one of {', '.join(map(json.dumps, expected))}, got {json.dumps(error.instance)}"
+        return (f"expected one of {', '.join(map(json.dumps, expected))}, got {json.dumps(error.instance)}"
+                + _did_you_mean(error.instance, expected, json.dumps, ""))
     if kind == "const":
         return f"expected {json.dumps(expected)}, got {json.dumps(error.instance)}"
     if kind == "type":
@@ -149,7 +160,9 @@ def _describe(error):
     if kind == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         unknown = sorted(set(error.instance) - set(allowed))
-        return f"unknown key {', '.join(map(repr, unknown))} (allowed: {', '.join(allowed)})"
+        guesses = "".join(_did_you_mean(key, allowed, repr, f" for {key!r}" if len(unknown) > 1 else "")
+                          for key in unknown)
+        return f"unknown key {', '.join(map(repr, unknown))} (allowed: {', '.join(allowed)}){guesses}"
     if kind == "pattern":
         return f"expected a value matching {expected}, got {json.dumps(error.instance)}"
     if kind == "oneOf" and error.schema is schema()["properties"]["model"]:

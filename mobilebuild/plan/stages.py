@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from mobilebuild.plan import routes
 from mobilebuild.plan.registry import Registry
+from mobilebuild.plan.settings import Fusion, ModelSource, Quantization
 
 FILE = "file"  # an input that is a file of the repository (a checkpoint), not a node's output
 SHIPPED = "shipped"  # an input that is a route's shipped artifact, whichever stage wrote it
@@ -28,7 +29,7 @@ def when_set(default=None):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: dict  # the model source: torchvision or factory, kwargs
+    model: ModelSource
     seed: int
     train: dict  # {function, kwargs}
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
@@ -36,7 +37,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    model: dict
+    model: ModelSource
     seed: int
     batchnorm_stats: int  # batches of random input that re-estimate batch-norm statistics; 0: none
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
@@ -44,14 +45,14 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class PruneConfig:
-    model: dict
+    model: ModelSource
     prune: dict
 
 
 @dataclass(frozen=True)
 class FuseConfig:
-    model: dict
-    fuse: object  # "auto", false or a list of module-name groups
+    model: ModelSource
+    fuse: Fusion
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
 
 
@@ -61,8 +62,8 @@ class QuantizeConfig:
     mode: str  # static | dynamic | qat
     weights: str | None
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    model: dict
-    fuse: object  # the fused model is rebuilt from the source and fusion: it is stored as weights only
+    model: ModelSource
+    fuse: Fusion  # the fused model is rebuilt from the source and fusion: it is stored as weights only
     calibration: dict | None = None  # static only
     exclude: list | None = when_set()  # quantize.exclude: module paths and classes kept in float
     observer: str | None = when_set()  # quantize.observer: the activation observer; None: the engine's default
@@ -81,7 +82,7 @@ class VerifyConfig:
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
     runs_on_host: bool
     host_reason: str | None
-    model: dict
+    model: ModelSource
     precision: str
     pruning: object
     samples: int
@@ -102,15 +103,15 @@ class LayersConfig:
     method: str
     precision: str
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    model: dict  # the model source and fusion the fused (float) model is rebuilt from
-    fuse: object
+    model: ModelSource  # the model source and fusion the fused (float) model is rebuilt from
+    fuse: Fusion
     samples: int  # verification's data: verify.samples, verify.seed, verify.evaluation
     seed: int
     top: int  # verify.layers_top: how many layers the result lists, worst first
     evaluation: dict | str | None = None
     calibration: dict | None = None  # pt2e: the lower stage's calibration, run again; holdout data
     engine: str | None = None  # eager: the quantized engine
-    quantization: dict | None = None  # eager: how to rebuild the quantized model (as ScriptConfig's)
+    quantization: Quantization | None = None  # eager: how to rebuild the quantized model (as ScriptConfig's)
     weights: str | None = None  # pt2e: quantize.weights
     options: dict | None = None  # pt2e: the delegate's options; onnx: the export's (opset, exporter)
     outputs: list | None = None  # onnx: the output names
@@ -129,7 +130,7 @@ class BenchConfig:
     engine: str | None = None
     host_reason: str | None = None
     device: dict | None = None  # an Android device to run speed_benchmark_torch on
-    model: dict | None = None  # the eager baseline's model source
+    model: ModelSource | None = None  # the eager baseline's model source
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.preflight.advice import BLOCKING, KINDS
 from mobilebuild.preflight.whole_recipe import run
 
+# What an "ok" covers: a target can pass check and still fail the build's verify, which compares its outputs.
+STRUCTURE_ONLY = "check judges structure and host runs, not accuracy: the build's verify does"
+
 
 def _status(findings):
     blocking = sum(item["kind"] in BLOCKING for item in findings)
@@ -27,11 +30,12 @@ def _counts(findings):
 def _table(findings, notes, indent="    "):
     if not findings and not notes:
         return []
+    # A "where" wider than the column pushes its detail right, never into it: two spaces always part them.
     where_width = min(max([len(item["where"]) for item in findings] + [5]), 48)
-    lines = [f"{indent}{'kind':<15}{'where':<{where_width + 2}}detail"] if findings else []
+    lines = [f"{indent}{'kind':<15}{'where':<{where_width}}  detail"] if findings else []
     order = {kind: index for index, kind in enumerate(KINDS)}
     for item in sorted(findings, key=lambda item: order[item["kind"]]):
-        lines.append(f"{indent}{item['kind']:<15}{item['where']:<{where_width + 2}}{item['detail']}")
+        lines.append(f"{indent}{item['kind']:<15}{item['where']:<{where_width}}  {item['detail']}")
     lines += [f"{indent}note: {note}" for note in notes]
     return lines
 
@@ -48,7 +52,7 @@ def header(report):
     how = ("structure as the last check found it (same model, inputs, fusion and code)" if model.get("cached")
            else f"built and fused in {model['seconds']:.1f} s")
     lines = [f"{report['recipe']} ({report['file']}): {versions}",
-             f"model: {how}; all targets: {_status(model['findings'])}"]
+             f"model: {how}; all targets: {_status(model['findings'])} ({STRUCTURE_ONLY})"]
     return lines + _table(model["findings"], model["notes"])
 
 
@@ -72,7 +76,7 @@ def footer(report):
         table = _table(result["findings"], result["notes"])
         if table:
             lines += [f"{result['target']}:", *table]
-    verdict = "blocked" if report["blocking"] else "no blocking findings"
+    verdict = "blocked" if report["blocking"] else f"no blocking findings ({STRUCTURE_ONLY})"
     every = report["model"]["findings"] + [item for result in report["targets"] for item in result["findings"]]
     lines.append(f"{report['blocking']} blocking, {_counts(every)}: {verdict} (exit {report['exit_code']})")
     return lines

@@ -165,7 +165,8 @@ def unfolded_batch_norms(fused, specs):
     Found in a TorchScript trace of the fused model; returns (findings, notes)."""
     try:
         with torch.no_grad():
-            traced = torch.jit.trace(fused, modeling.example_inputs(specs), check_trace=False)
+            # strict=False: a dict or list output (a transformers model's) traces; only the graph's nodes are read
+            traced = torch.jit.trace(fused, modeling.example_inputs(specs), check_trace=False, strict=False)
     except Exception as exc:  # noqa: BLE001 - tracing raises many types
         return [], [f"Conv-BN pairs not checked: torch.jit.trace fails on the model ({modeling.first_line(exc)})"]
     modules = dict(fused.named_modules())

@@ -19,6 +19,8 @@ FAILED_EDGE = "#cf222e"
 # tab10 without its grey (the eager baseline's): ten targets before a colour repeats, and the marker differs then
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
+OUTLIER_REACH = 2.5  # the latency axes end at most this many times the slowest median (a p90 beyond is written)
+SIDE_BY_SIDE = 9  # points between markers that would sit on top of each other
 
 
 def run(inputs, config, output):
@@ -102,7 +104,7 @@ def figure(recipe, rows):
         axes["latency"].text(0.5, 0.5, "no benchmark ran on the host for this recipe", ha="center", va="center")
         return drawing
     _latency_bars(axes["latency"], points, style)
-    slowest = max(row.median_ms for row in points) * 1.15 or 1  # one latency scale for both panels
+    slowest = max(row.median_ms for row in points) * 1.15 or 1  # one latency scale for both scatter panels
     _scatter(axes["size"], [(row, row.size_bytes / 1e6) for row in points if row.size_bytes is not None], style,
              "artifact size (MB)", slowest)
     label, values = quality(rows)
@@ -116,29 +118,47 @@ def figure(recipe, rows):
     return drawing
 
 
+def latency_limit(points):
+    """Where the latency axes end: the farthest whisker, but no farther than OUTLIER_REACH times the slowest median,
+    so that one eager p90 of 3.27 ms does not squeeze medians near 0.1-0.3 ms into the axis' first pixels."""
+    medians = [row.median_ms for row in points]
+    reach = max(median + _whiskers(row)[1] for median, row in zip(medians, points))
+    return min(reach, OUTLIER_REACH * max(medians)) or 1
+
+
 def _latency_bars(axes, points, style):
     positions = range(len(points))
     medians = [row.median_ms for row in points]
+    limit = latency_limit(points)
     below, above = zip(*(_whiskers(row) for row in points))
-    axes.barh(positions, medians, xerr=[list(below), list(above)], capsize=4, height=0.6,
+    cut = [min(whisker, limit - median) for median, whisker in zip(medians, above)]  # an outlier ends at the edge
+    axes.barh(positions, medians, xerr=[list(below), cut], capsize=4, height=0.6,
               color=[colour(style[row.label]) for row in points],
               edgecolor=[FAILED_EDGE if row.state == "failed" else "none" for row in points],
               error_kw={"ecolor": "#1f2328", "elinewidth": 1})
-    for position, median, whisker in zip(positions, medians, above):
-        axes.annotate(report_data.two_or_three_decimals(median), (median + whisker, position), xytext=(4, 0),
-                      textcoords="offset points", va="center", fontsize=9)
+    for position, median, whisker, shown in zip(positions, medians, above, cut):
+        text = report_data.two_or_three_decimals(median)
+        if shown < whisker:  # said rather than drawn
+            text += f" (p90 {report_data.two_or_three_decimals(median + whisker)} ms, beyond the axis)"
+        axes.annotate(text, (median + shown, position), xytext=(4, 0), textcoords="offset points", va="center",
+                      fontsize=9)
     axes.set_yticks(list(positions), [legend_label(row) for row in points])
     axes.invert_yaxis()  # the table's order, top down
-    axes.set_xlim(0, max(m + a for m, a in zip(medians, above)) * 1.15 or 1)
+    axes.set_xlim(0, limit * 1.15)
     axes.set_xlabel("median latency on the host (ms), whiskers p10-p90")
     axes.grid(axis="x", alpha=0.3)
     axes.set_axisbelow(True)
 
 
 def _scatter(axes, points, style, ylabel, slowest, from_zero=True):
-    """Latency on x against a value on y; size starts at zero so that distances read as ratios."""
-    for row, value in points:
-        axes.scatter([row.median_ms], [value], **style[row.label])
+    """Latency on x against a value on y; size starts at zero so that distances read as ratios. Points in the same
+    place (targets with equal numbers) are set side by side, a few points apart, so that none hides another."""
+    from matplotlib import transforms
+
+    shifts = _side_by_side([(row.median_ms, value) for row, value in points], slowest)
+    for (row, value), shift in zip(points, shifts):
+        moved = transforms.offset_copy(axes.transData, fig=axes.figure, x=shift, units="points")
+        axes.scatter([row.median_ms], [value], transform=moved, **style[row.label])
     axes.set_xlabel("median latency (ms)")
     axes.set_ylabel(ylabel)
     axes.set_xlim(0, slowest)
@@ -152,6 +172,26 @@ def _scatter(axes, points, style, ylabel, slowest, from_zero=True):
         axes.text(0.5, 0.5, "nothing to show", ha="center", va="center", transform=axes.transAxes)
     axes.grid(alpha=0.3)
     axes.set_axisbelow(True)
+
+
+def _side_by_side(positions, x_span):
+    """A horizontal shift in points per (x, y): 0 for a point alone, spread around 0 for points within 1% of the
+    latency axis and of each other's value."""
+    values = [y for _, y in positions]
+    y_span = (max(values) - min(values)) if values else 0
+    groups = []
+    for index, (x, y) in enumerate(positions):
+        near = next((group for group in groups if abs(positions[group[0]][0] - x) <= 0.01 * x_span
+                     and abs(positions[group[0]][1] - y) <= 0.01 * (y_span or abs(y) or 1)), None)
+        if near is None:
+            groups.append([index])
+        else:
+            near.append(index)
+    shifts = [0.0] * len(positions)
+    for group in groups:
+        for rank, index in enumerate(group):
+            shifts[index] = (rank - (len(group) - 1) / 2) * SIDE_BY_SIDE
+    return shifts
 
 
 def _whiskers(row):

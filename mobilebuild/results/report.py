@@ -34,5 +34,12 @@ def main(artifacts_dir="artifacts", unbuilt=None):
         print(f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)", file=sys.stderr)
         return 2
     write_report(manifests, artifacts_dir, unbuilt)
-    print(f"wrote {Path(artifacts_dir) / 'report.html'} and report.md ({len(manifests)} recipe(s))")
+    print(f"wrote {Path(artifacts_dir) / 'report.html'} and report.md: {covers(manifests, unbuilt)}")
     return 0
+
+
+def covers(manifests, unbuilt):
+    """'2 recipe(s) built (digits, topics); NOT BUILT, listed with their errors: bad': what the report covers."""
+    built = sorted(report_data.recipe_name(manifest) for manifest in manifests)
+    text = f"{len(built)} recipe(s) built ({', '.join(built)})" if built else "no recipe built"
+    return text + (f"; NOT BUILT, listed with their errors: {', '.join(sorted(unbuilt))}" if unbuilt else "")

@@ -302,6 +302,7 @@ class Report:
     about: list[str]
     summary: list[str]
     sections: list[Section]
+    summary_states: list[str] = field(default_factory=list)  # per summary line: "not-built", "failed" or "built"
 
 
 def recipe_name(manifest):
@@ -371,7 +372,22 @@ def _main_table(rows):
         reference = reference_accuracy(rows)
         columns.append(Column("accuracy", quality, True,
                               lambda row: _percent(reference) if row is eager else _accuracy(row)))
+    if any(isinstance(_get(row.verification, "against_unpruned"), dict) for row in rows):
+        columns.append(Column("vs unpruned fp32", quality, True, _against_unpruned))
     return _filled(columns, rows)
+
+
+def _against_unpruned(row):
+    """A pruned target's loss against the model before pruning ('-9.2 pt accuracy'): its other columns compare it
+    with the pruned model, whose verdict alone reads "passed"."""
+    against = _dict(_get(row.verification, "against_unpruned"))
+    reference, artifact = _number(against.get("accuracy_reference")), _number(against.get("accuracy_artifact"))
+    if reference is not None and artifact is not None:
+        return f"{(artifact - reference) * 100:+.1f} pt accuracy"
+    agreement, sqnr = _number(against.get("top1_agreement")), _number(against.get("sqnr_db"))
+    if agreement is not None:
+        return f"top-1 {agreement:.3f}"
+    return f"SQNR {sqnr:.1f} dB" if sqnr is not None else NONE
 
 
 def _details_table(rows):
@@ -438,17 +454,42 @@ def shortfall(row):
 
 
 def _quality(row):
-    accuracy = row.metric("accuracy_artifact")
-    if accuracy is not None:
-        return f"accuracy {_percent(accuracy)}"
-    sqnr = row.metric("sqnr_db")
-    return f"SQNR {_fixed(sqnr, 1)} dB" if sqnr is not None else "no quality measured"
+    """'accuracy 90.3%, top-1 agreement 0.920': what the artifact gives up, in the measures that were taken."""
+    accuracy, sqnr, agreement = row.metric("accuracy_artifact"), row.metric("sqnr_db"), row.metric("top1_agreement")
+    parts = [f"accuracy {_percent(accuracy)}" if accuracy is not None else
+             f"SQNR {_fixed(sqnr, 1)} dB" if sqnr is not None else None]
+    if agreement is not None:
+        parts.append(f"top-1 agreement {_fixed(agreement, 3)}")
+    return ", ".join(part for part in parts if part) or "no quality measured"
 
 
 def _pitch(row, eager):
     speed = _ratio(eager.median_ms, row.median_ms)
     return (f"{two_or_three_decimals(row.median_ms)} ms median" + (f" ({speed} eager fp32)" if speed != NONE else "")
             + f", {_megabytes(row.size_bytes)} MB, {_quality(row)}")
+
+
+def _spread(row):
+    """(p10, p90) of a row's timed iterations; the median stands in for one not recorded."""
+    median = row.median_ms
+    low, high = finite(row.timing("p10_ms")), finite(row.timing("p90_ms"))
+    return (min(median, low) if low is not None else median, max(median, high) if high is not None else median)
+
+
+def _overlap(first, second):
+    """Whether two host medians are closer than their spread: each inside the other's p10-p90."""
+    (low, high), (other_low, other_high) = _spread(first), _spread(second)
+    return other_low <= first.median_ms <= other_high or low <= second.median_ms <= high
+
+
+def _host_caveat(candidates):
+    """What the timings the pick rests on are: this machine's CPU, not a phone's."""
+    cpus = sorted({str(_get(_get(row.benchmark, "host"), "cpu")) for row in candidates
+                   if _get(_get(row.benchmark, "host"), "cpu")})
+    threads = sorted({str(row.benchmark.get("threads")) for row in candidates if row.benchmark.get("threads")})
+    where = f" ({'; '.join(cpus)}{', ' + '/'.join(threads) + ' thread(s)' if threads else ''})" if cpus else ""
+    return (f"Speed here is the build host's CPU{where}, not a phone's: a device's CPU, and its NPU or GPU delegates, "
+            "may rank these artifacts otherwise; time them on the device (benchmark.device) before choosing on speed.")
 
 
 def recommend(rows):
@@ -465,6 +506,13 @@ def recommend(rows):
         best = candidates[0]
         lines.append(f"Ship {best.label} ({_runs_on(best)}): the fastest of {len(candidates)} artifact(s) verified "
                      f"on this host that pass the default thresholds; {_pitch(best, eager)}.")
+        lines.append(_host_caveat(candidates))
+        tied = [row for row in candidates[1:] if _overlap(best, row)]
+        if tied:
+            lines.append(f"Not told apart by this run: {best.label}'s median and "
+                         + ", ".join(f"{row.label}'s ({two_or_three_decimals(row.median_ms)} ms)" for row in tied)
+                         + " lie within each other's p10-p90 spread of timed iterations; choose among them by size "
+                           "or quality, or time them on the device.")
         families = {}
         for row in candidates:
             families.setdefault(family(row), row)
@@ -722,10 +770,12 @@ def build(manifests, unbuilt=None):
     sections, toolchains, hosts = [], [], []
     summary = [f"{recipe}: NOT BUILT, {len(errors)} error(s): {'; '.join(errors)}"
                for recipe, errors in sorted((unbuilt or {}).items())]
+    states = ["not-built"] * len(summary)
     for manifest in manifests:
         section = _section(manifest)
         sections.append(section)
         summary.append(_summary(section))
+        states.append("failed" if any(row.state == "failed" for row in section.rows) else "built")
         toolchains.append((section.recipe, _dict(_get(manifest, "toolchain"))))
         for row in section.rows:
             if row.benchmark:
@@ -737,4 +787,4 @@ def build(manifests, unbuilt=None):
                     toolchains.append((f"{source} benchmark", measured_with))
     about = (_distinct_lines("Toolchain", toolchains, "not recorded")
              + _distinct_lines("Host", hosts, "no benchmark recorded one"))
-    return Report(about, summary, sections)
+    return Report(about, summary, sections, states)

@@ -14,12 +14,14 @@ h2 { margin-top: 2em; border-bottom: 1px solid #d0d7de; padding-bottom: .2em; }
 .ship ul { margin: 0; padding-left: 1.2em; font-size: 14px; }
 .ship.none { border-left-color: #9a6700; background: #fff8c5; }
 .scroll { overflow-x: auto; }
-table { border-collapse: collapse; font-size: 14px; }
-th, td { border: 1px solid #d0d7de; padding: 4px 8px; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #d0d7de; padding: 3px 6px; }
 th { background: #f6f8fa; }
 thead tr.groups th { font-weight: normal; color: #59636e; font-size: 13px; }
-td { white-space: nowrap; }
+td.status { white-space: nowrap; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
+ul.summary li.not-built { color: #cf222e; font-weight: 600; }
+ul.summary li.failed { color: #9a6700; }
 tr.reference td { background: #f6f8fa; font-style: italic; }
 tr.failed td { background: #ffebe9; }
 tr.failed td.status { color: #cf222e; font-weight: bold; }
@@ -68,8 +70,9 @@ def render(report):
            '<meta name="viewport" content="width=device-width, initial-scale=1">', f"<title>{e(TITLE)}</title>",
            f"<style>{CSS}</style>", "</head>", "<body>", f"<h1>{e(TITLE)}</h1>", "<ul>"]
     out += [f"<li>{e(line)}</li>" for line in report.about]
-    out += ["</ul>", "<h2>Summary</h2>", "<ul>"]
-    out += [f"<li>{e(line)}</li>" for line in report.summary]
+    out += ["</ul>", "<h2>Summary</h2>", '<ul class="summary">']
+    states = report.summary_states or ["built"] * len(report.summary)
+    out += [f'<li class="{state}">{e(line)}</li>' for state, line in zip(states, report.summary)]
     out.append("</ul>")
     for section in report.sections:
         out.append(f'<section id="{e(file_stem(section.recipe))}">')

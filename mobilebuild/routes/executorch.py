@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from mobilebuild.plan import stages
 from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 from mobilebuild.routes.torchscript import TORCH_OBSERVERS
 
@@ -38,8 +39,8 @@ class LowerConfig:
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
     delegate: str
     options: dict  # the delegate's options
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
+    model: ModelSource  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: Fusion
     calibration: dict | None = None  # int8, static
     weights: str | None = None
     exclude: list | None = when_set()  # int8: quantize.exclude

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mobilebuild.plan import stages
 from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan.settings import Fusion, ModelSource, Quantization
 from mobilebuild.routes.torchscript import FAMILY, LAYER_METHODS, TORCH_OBSERVERS, device, eager_layers, preflight
 
 # what torch.backends._nnapi's serializer takes (and quantized tensors)
@@ -25,10 +26,10 @@ class NnapiConfig:
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
     mode: str  # none | core | full
     engine: str
-    quantization: dict | None
+    quantization: Quantization | None
     options: dict  # bundled_inputs
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
+    model: ModelSource  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: Fusion
 
 
 def plan(chain):

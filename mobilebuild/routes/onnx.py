@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from mobilebuild.plan import stages
 from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, register, text
+from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 
 PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -39,8 +40,8 @@ class ExportConfig:
     precision: str
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
     options: dict  # targets.onnx: opset, exporter (each only where set: other recipes keep their keys)
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
+    model: ModelSource  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: Fusion
     calibration: dict | None = None  # int8, static
     weights: str | None = None
     outputs: list | None = None  # the ONNX output names

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from mobilebuild.plan import stages
 from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, register
+from mobilebuild.plan.settings import Fusion, ModelSource, Quantization
 
 FAMILY = "PyTorch Mobile"
 # Activation observers (quantize.observer), the default first: torch.ao's (eager and FX graph mode) HistogramObserver,
@@ -21,10 +22,10 @@ class ScriptConfig:
     mode: str  # script | trace
     precision: str
     engine: str | None
-    quantization: dict | None  # {mode, weights}: how to rebuild the quantized model
+    quantization: Quantization | None  # {mode, weights}: how to rebuild the quantized model
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    model: dict  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
-    fuse: object
+    model: ModelSource  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
+    fuse: Fusion
 
 
 @dataclass(frozen=True)

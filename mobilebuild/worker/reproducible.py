@@ -6,7 +6,10 @@ TorchScript archives differ between two builds of the same model for three reaso
 - names TorchScript mangles (`___torch_mangle_23`) count every class compiled earlier in the process:
   `jit_session` starts each stage with a fresh compilation unit;
 - every archive carries a random `.data/serialization_id`: `normalize_archive` replaces it with one derived from
-  the archive's content.
+  the archive's content;
+- the tracer's stack lines name the line of every frame, mobilebuild's own included ("mobilebuild/worker/
+  serve.py(108): serve"): `normalize_archive` drops the line numbers of our frames, so that editing the build tool
+  leaves its artifacts' bytes alone (a model's own frames keep theirs).
 A fourth, the order of a module's constants, follows Python's string hashing: stages run in a worker started with
 PYTHONHASHSEED=0 (build/worker_pool.py).
 """
@@ -15,6 +18,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import re
 import site
 import struct
 import sys
@@ -28,6 +32,9 @@ import torch.jit._state
 
 SERIALIZATION_ID = ".data/serialization_id"
 ALIGNMENT = 64  # torch's writer aligns stored records so that tensors can be memory-mapped; kept
+# a frame of mobilebuild's own code in a tracer stack line, once machine prefixes are cut; the bundled example
+# models (mobilebuild/examples) are models, and keep their line numbers
+OWN_FRAME = re.compile(r"(?<![\w/])(mobilebuild/(?!examples/)[\w/]+\.py)\(\d+\)")
 
 
 def machine_prefixes(root):
@@ -87,9 +94,9 @@ class _IntList(list):
 
 
 def _portable_pickle(data, prefixes):
-    """The debug pickle with machine prefixes cut from its strings: file names, and the tracer's stack lines
-    "path(line): function". A source is a list of pieces of the string table, and ranges are offsets into their
-    concatenation: offsets move with the text cut before them."""
+    """The debug pickle with machine prefixes cut from its strings (file names, and the tracer's stack lines
+    "path(line): function") and the line numbers of mobilebuild's own frames. A source is a list of pieces of
+    the string table, and ranges are offsets into their concatenation: offsets move with the text cut before them."""
     tag, table, *entries = pickle.loads(data)
     portable = tuple(_cut(text, prefixes) for text in table)
     if tag != "FORMAT_WITH_STRING_TABLE" or portable == table:
@@ -117,7 +124,7 @@ def _portable_pickle(data, prefixes):
 def _cut(text, prefixes):
     for prefix in prefixes:
         text = text.replace(prefix, "")
-    return text
+    return OWN_FRAME.sub(r"\1", text)
 
 
 def _write_record(archive, original, data):

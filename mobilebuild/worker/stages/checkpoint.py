@@ -27,12 +27,54 @@ def reestimate_batchnorm(model, specs, batches, seed):
     return model.eval()
 
 
+# What a batched input of a fixed-rank first layer holds, by its rank: the layout a wrong-rank shape is missing
+LAYOUTS = {3: "batch, channels, length", 4: "batch, channels, height, width",
+           5: "batch, channels, depth, height, width"}
+
+
+def _first_layer_rank(model, shape):
+    """(layer name, its type, the rank it takes) when the first convolution a forward on `shape` calls gets an input
+    of another rank than a batched one (a Conv2d takes [N, C, H, W]; torch reads a 3-d input as one unbatched image,
+    and then complains about channels); None otherwise."""
+    called = []
+
+    def note(name):
+        def hook(layer, args):
+            if not called and args and isinstance(args[0], torch.Tensor):
+                called.append((name, layer, args[0].dim()))
+        return hook
+
+    hooks = [layer.register_forward_pre_hook(note(name)) for name, layer in model.named_modules()
+             if isinstance(layer, torch.nn.modules.conv._ConvNd)]
+    try:
+        with torch.no_grad(), contextlib.suppress(Exception):
+            model(torch.zeros(shape))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not called:
+        return None
+    name, layer, rank = called[0]
+    takes = len(layer.kernel_size) + 2
+    return (name, type(layer).__name__, takes) if rank == len(shape) != takes else None
+
+
 @contextlib.contextmanager
-def rejected_input(specs, size="example"):
-    """Whatever the model raises on its first forward is, for the user, a wrong input shape or dtype."""
+def rejected_input(specs, size="example", model=None):
+    """Whatever the model raises on its first forward is, for the user, a wrong input shape or dtype; with the model,
+    a lone input of the wrong rank for its first convolution is named as such."""
     try:
         yield
     except Exception as exc:
+        shape = modeling.shape_at(specs[0], size)
+        wrong_rank = (_first_layer_rank(model, shape) if model is not None and len(specs) == 1
+                      and modeling.DTYPES[specs[0]["dtype"]].is_floating_point else None)
+        if wrong_rank:
+            name, kind, rank = wrong_rank
+            raise MobileBuildError(
+                f"the recipe's shape {shape} has rank {len(shape)}, but the model's first layer, {name} ({kind}), "
+                f"takes rank {rank} ([{LAYOUTS.get(rank, '...')}]): give input.shape {rank} sizes "
+                f"(torch: {modeling.first_line(exc)})", field="input.shape") from None
         shapes = ", ".join(f"{spec['name']} {modeling.shape_at(spec, size)} {spec['dtype']}" for spec in specs)
         at = "" if size == "example" else f" (the dims' {size} sizes)"
         where = "input" if len(specs) == 1 else "inputs"
@@ -50,7 +92,7 @@ def rejected_input(specs, size="example"):
 def check_input(model, specs):
     """The model takes its inputs at the example's sizes, and at each dynamic dim's smallest and largest."""
     for size in modeling.sizes(specs):
-        with torch.no_grad(), rejected_input(specs, size):
+        with torch.no_grad(), rejected_input(specs, size, model):
             model(*modeling.example_inputs(specs, size=size))
 
 
@@ -59,7 +101,7 @@ def run(inputs, config, output):
     if "weights" in inputs:
         modeling.load_weights(model, inputs["weights"], field="model.checkpoint")
     if config.batchnorm_stats:
-        with rejected_input(config.inputs):
+        with rejected_input(config.inputs, model=model):
             reestimate_batchnorm(model, config.inputs, config.batchnorm_stats, config.seed)
     check_input(model, config.inputs)
     modeling.save(model.state_dict(), output)
