@@ -82,7 +82,6 @@ def saved(model, mode, specs):
 def _traced_sqnr(model, traced, specs, size, why):
     """The traced model's lowest SQNR against the eager one at `size`; one line where it cannot stand in."""
     examples = modeling.example_inputs(specs, seed=1, size=size)
-    shapes = " (which builds for the example's sizes only)" if size != "example" else ""
     with torch.no_grad():
         expected = outputs.leaves(model(*examples))
         try:
@@ -95,8 +94,13 @@ def _traced_sqnr(model, traced, specs, size, why):
             return min(sqnr, metrics.SQNR_CEILING_DB)
         shown = f"{sqnr:.1f} dB against the eager model" if len(found) == len(expected) else \
             f"{len(found)} output tensor(s), the eager model {len(expected)}"
+    if size == "example":  # on another input than it was traced with: `script: trace` would not do either
+        raise MobileBuildError(f"{why}; its fallback, the traced model, is not the eager model ({shown}: the trace "
+                               "kept a branch or a value of the input it ran on): fix what scripting reports",
+                               field="script")
     raise MobileBuildError(f"{why}; its fallback, the traced model, is not the eager model at the {size} sizes "
-                           f"({shown}): fix what scripting reports, or set `script: trace`{shapes}", field="script")
+                           f"({shown}): fix what scripting reports, or set `script: trace`, which builds for the "
+                           "example's sizes only", field="script")
 
 
 def _bytes(scripted, record=None):
