@@ -62,7 +62,10 @@ def saved(model, mode, specs):
     if mode != "script":
         return _bytes(to_torchscript(model, mode, modeling.example_inputs(specs))), None
     try:
-        with torch.no_grad():
+        # the compiler's notes on the model's annotations (timm's FX-quantized models: "instance-level annotations
+        # on empty non-base types"): it compiles, or the fallback below says why not
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
             return _bytes(torch.jit.script(model)), None
     except Exception as exc:  # the TorchScript compiler and serializer raise many types
         why = f"torch.jit.script failed ({modeling.first_line(exc)})"
