@@ -104,9 +104,10 @@ HUB = {
 
 # What a refusal here means, each reproduced with the library alone (how: in brackets); zoo.MEANINGS after these.
 MEANINGS = [
-    ("FX graph mode cannot trace", "PyTorch's FX graph-mode quantization cannot trace transformers' ViT, and the "
-                                   "model has no QuantStubs for eager mode [torch.fx.symbolic_trace(model) raises "
-                                   "TraceError: Proxy object cannot be iterated]"),
+    ("FX graph mode cannot trace", "PyTorch's FX graph-mode quantization cannot trace the model, which has no "
+                                   "QuantStubs for eager mode [torch.fx.symbolic_trace(model) raises TraceError: "
+                                   "transformers' ViT 'Proxy object cannot be iterated', timm's MobileViTv2 "
+                                   "'symbolically traced variables cannot be used as inputs to control flow']"),
     ("only works for Conv1d but got: ParametrizedConv1d",
      "torch.ao's eager quantization has no quantized form of a weight-normed Conv1d (Wav2Vec2's positional "
      "convolution) [prepare and convert of QuantStub, weight_norm(Conv1d), DeQuantStub raise the same "
