@@ -377,7 +377,8 @@ def measure_case(case, root, env):
         status, stdout, stderr, seconds = run([str(MOBILEBUILD), "check", recipe, "--json"], root, env)
         check_seconds += seconds
         checked[path] = check_verdicts(status, stdout, stderr)
-    status, stdout, stderr, build_seconds = run([str(MOBILEBUILD), "build", "-n", "1"], root, env)
+    # -r verbose: the console reporter counts the tasks a failure kept from running; verbose names them (SKIPPED)
+    status, stdout, stderr, build_seconds = run([str(MOBILEBUILD), "build", "-n", "1", "-r", "verbose"], root, env)
     for path, (verdicts, artifacts) in checked.items():
         try:
             name = yaml.safe_load(path.read_text())["name"]

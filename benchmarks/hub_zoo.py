@@ -1,6 +1,7 @@
 """The hub zoo: timm and transformers models (random weights from their configurations, trained briefly), each
-built for the six CPU targets, verified at the default thresholds and benchmarked, in one table (docs/zoo.md, its
-"Hub zoo" section). The models are ones nobody on the project wrote; the recipes use only the README's grammar.
+built for the zoo's host targets (zoo.TARGETS), verified at the default thresholds and benchmarked, in one table
+(docs/zoo.md, its "Hub zoo" section). The models are ones nobody on the project wrote; the recipes use only the
+README's grammar.
 
 As benchmarks/zoo.py (whose build, results and refusal meanings it shares), one model at a time, cold (shared
 artifact cache off), `mobilebuild build -n 1`. Image models train on scikit-learn's digits, text models on a
@@ -160,7 +161,8 @@ where PT2E fails on transformers' mask code). {counts}.
 """]
     if partial:
         out.append(f"**Partial:** the run stopped before {', '.join(missing)}; their rows are missing.\n")
-    out += [f"| model | {' | '.join(zoo.TARGETS)} | time |", f"|---|{'---|' * len(zoo.TARGETS)}---|"]
+    columns = list(rows[0][2]) if rows else list(zoo.TARGETS)  # the run's (a kept run's, with --table)
+    out += [f"| model | {' | '.join(columns)} | time |", f"|---|{'---|' * len(columns)}---|"]
     notes = []
     for name, about, cells, seconds, log, trained in rows:
         shown = []

@@ -12,12 +12,20 @@
     mobilebuild release [--out DIR] [--recipe NAME]... [--target ID]... [--allow-failed]
                                          copy the built, verified artifacts into DIR (default release/) with
                                          release.json: sha256, bytes, stage chain, toolchain, verification, timings
-    mobilebuild verify-release DIR [--keep-scratch] [--scratch DIR]
-                                         rebuild from the recipes in a scratch folder; exit 1 listing each file that
-                                         differs from the release
+    mobilebuild release ... --signing-key KEY
+                                         the same, with release.json signed (Ed25519; `mobilebuild keygen`)
+    mobilebuild verify-release DIR [--trusted-key KEY]... [--keep-scratch] [--scratch DIR]
+                                         check release.json's signature (with trusted keys) and every file's hash,
+                                         then rebuild from the recipes in a scratch folder; exit 1 listing each file
+                                         that differs from the release
+    mobilebuild verify-release DIR --signature-only --trusted-key KEY
+                                         the signature and hashes only, in seconds (no torch, no repository)
+    mobilebuild keygen NAME [--out FILE] an Ed25519 key pair for the cache or releases: the private key to NAME.key,
+                                         the public key and where each goes printed
     mobilebuild cache stats|clear|prune --max-size SIZE
                                          the shared artifact cache ($MOBILEBUILD_CACHE, default ~/.cache/mobilebuild;
-                                         $MOBILEBUILD_CACHE_KEY signs entries, $MOBILEBUILD_CACHE_READ_ONLY=1)
+                                         $MOBILEBUILD_CACHE_SIGNING_KEY signs entries,
+                                         $MOBILEBUILD_CACHE_TRUSTED_KEYS checks them, $MOBILEBUILD_CACHE_READ_ONLY=1)
     mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
     mobilebuild check RECIPE [--json] [--target ID]
                                          pre-flight: each target built up to its artifact by the build's own tasks
@@ -45,8 +53,9 @@ import sys
 from pathlib import Path
 
 import mobilebuild.routes  # noqa: F401 - registers the built-in route families before anything plans
+from mobilebuild import signing
 from mobilebuild.engine import commands, distributed
-from mobilebuild.errors import RecipeErrors
+from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import graph, recipe
 from mobilebuild.results import baseline, release
 
@@ -151,7 +160,7 @@ def cache_command(args):
             found = shared.prune(options.max_size)
         else:
             found = shared.stats() if options.action == "stats" else shared.clear()
-    except (OSError, ValueError, ImportError) as exc:  # unreachable storage, a missing fsspec driver, read-only
+    except (OSError, ValueError, ImportError, MobileBuildError) as exc:  # storage, fsspec driver, read-only, keys
         print(f"mobilebuild cache {options.action}: {str(exc).replace(url, cache.redact(url))}", file=sys.stderr)
         return 1
     print(f"{shared.location}: " + ", ".join(f"{key} {value}" for key, value in found.items() if key != "location"))
@@ -172,6 +181,10 @@ def main(argv=None):
     if args[:1] in (["-h"], ["--help"], ["help"]) and len(args) == 1:
         print(__doc__.strip())
         return 0
+    if args[:1] == ["keygen"]:
+        return signing.keygen_command(args[1:])
+    if args[:1] == ["verify-release"] and "--signature-only" in args:
+        return release.verify_release_command(args[1:])  # the release alone: no project, no torch
     if args[:1] not in (["cache"], ["bench"]):
         project_tasks()  # the project's own routes, registered before anything plans
     if args[:1] == ["check"]:

@@ -20,6 +20,25 @@ def private_artifact_cache(tmp_path_factory):
     if "MOBILEBUILD_CACHE" not in os.environ:
         os.environ["MOBILEBUILD_CACHE"] = str(tmp_path_factory.mktemp("artifact-cache"))
 
+
+@pytest.fixture(scope="session", autouse=True)
+def private_measure_lock(private_artifact_cache, tmp_path_factory):
+    """The tests' stages and measurements take a measure-alone lock of their own (worker/measure_alone.py keeps it
+    in the temporary folder, shared by every build of this user on this host): a benchmark of another checkout's
+    build on the same machine would otherwise hold the tests' stages still for as long as it measures."""
+    import tempfile
+
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))  # the stage workers and subprocesses inherit it
+    tempfile.tempdir = None  # read TMPDIR again
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR")
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Stages called in-process here compute on one thread, as the build's stage workers do (OMP_NUM_THREADS=1,

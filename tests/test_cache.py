@@ -1,5 +1,6 @@
 """The shared artifact cache on real fsspec filesystems: a local folder and memory://."""
 
+import base64
 import json
 import multiprocessing
 import os
@@ -12,7 +13,9 @@ import uuid
 import fsspec
 import pytest
 
+from mobilebuild import signing
 from mobilebuild.engine import cache as cachemod
+from mobilebuild.errors import MobileBuildError
 
 BLOB = bytes(range(256)) * 400  # 100 kB
 
@@ -334,12 +337,25 @@ def forge(cache, key, data):
     cache.fs.pipe_file(blob_path(cache, key, "entry.json"), json.dumps(entry).encode())
 
 
-def signed(cache, key="team-secret", **options):
-    """The same storage, seen by a reader or writer with these settings."""
+TEAM = signing.PrivateKey.generate("ci-1")  # real Ed25519 keys, made here
+STRANGER = signing.PrivateKey.generate("laptop")
+
+
+def writer(cache, key=TEAM, **options):
+    """The same storage, seen by a machine that signs with `key` (and trusts its own public key)."""
     return cachemod.Cache(cache.url, signing_key=key, **options)
 
 
-def test_without_a_key_a_forged_entry_matches_its_hashes(cache, source, tmp_path):
+def reader(cache, *trusted, **options):
+    """The same storage, seen by a machine holding only these public keys (by default the team's)."""
+    return cachemod.Cache(cache.url, trusted_keys=signing.KeyRing(trusted or [TEAM.public()]), **options)
+
+
+def entry_json(cache, key):
+    return json.loads(cache.fs.cat_file(blob_path(cache, key, "entry.json")))
+
+
+def test_without_keys_a_forged_entry_matches_its_hashes(cache, source, tmp_path):
     """Why signing exists: the hashes are the writer's word."""
     key = key_of("forged")
     cache.store(key, {"artifact": source})
@@ -348,46 +364,100 @@ def test_without_a_key_a_forged_entry_matches_its_hashes(cache, source, tmp_path
     assert (tmp_path / "out.pt").read_bytes() == b"someone else's bytes"
 
 
-def test_signed_entries_are_fetched_by_readers_with_the_key_and_without_one(cache, source, tmp_path):
+def test_a_reader_with_only_the_public_key_uses_what_the_writer_signed(cache, source, tmp_path):
     key = key_of("signed")
-    assert signed(cache).store(key, {"artifact": source}, {"seconds": 1.0}) is True
-    entry = json.loads(cache.fs.cat_file(blob_path(cache, key, "entry.json")))
-    assert len(entry["signature"]) == 64
-    assert signed(cache).fetch(key, {"artifact": tmp_path / "a.pt"}) == {"seconds": 1.0}
-    assert cache.fetch(key, {"artifact": tmp_path / "b.pt"}) == {"seconds": 1.0}
+    assert writer(cache).store(key, {"artifact": source}, {"seconds": 1.0}) is True
+    signature = entry_json(cache, key)["signature"]
+    assert signature["key"] == "ci-1" and len(base64.b64decode(signature["sig"])) == 64
+    assert reader(cache).fetch(key, {"artifact": tmp_path / "a.pt"}) == {"seconds": 1.0}
+    assert cache.fetch(key, {"artifact": tmp_path / "b.pt"}) == {"seconds": 1.0}  # a reader that checks nothing
     assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes() == BLOB
+    assert TEAM.text().split(":")[1].encode() not in cache.fs.cat_file(blob_path(cache, key, "entry.json"))
 
 
-@pytest.mark.parametrize("case, reason", [("unsigned", "unsigned"), ("other key", "wrongly signed"),
-                                          ("forged", "wrongly signed"), ("forged meta", "wrongly signed")])
-def test_a_reader_with_a_key_never_uses_an_entry_it_cannot_verify(cache, source, tmp_path, case, reason):
+def swap(cache, key, other_key):
+    """Move a validly signed entry under another node's key, as a writer without the private key could."""
+    for name in ("artifact", "entry.json"):
+        cache.fs.pipe_file(blob_path(cache, key, name), cache.fs.cat_file(blob_path(cache, other_key, name)))
+
+
+def edit_meta(cache, key):
+    entry = entry_json(cache, key)
+    entry["meta"]["seconds"] = 2.0
+    cache.fs.pipe_file(blob_path(cache, key, "entry.json"), json.dumps(entry).encode())
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("unsigned", "unsigned (MOBILEBUILD_CACHE_TRUSTED_KEYS is set)"),
+    ("unknown key", "signed by 'laptop', a key not trusted here (trusted: ci-1)"),
+    ("forged", "its signature by ci-1 does not match (altered, or moved from another entry)"),
+    ("forged meta", "its signature by ci-1 does not match (altered, or moved from another entry)"),
+    ("swapped", "its signature by ci-1 does not match (altered, or moved from another entry)"),
+    ("tampered file", "artifact differs from the sha256 its signature covers"),
+])
+@pytest.mark.parametrize("who", ["reader", "writer"])
+def test_an_entry_not_signed_by_a_trusted_key_is_never_used(cache, source, tmp_path, case, reason, who):
     key = key_of(case)
-    writer = {"unsigned": cache, "other key": signed(cache, "another team")}.get(case, signed(cache))
-    writer.store(key, {"artifact": source}, {"seconds": 1.0})
+    {"unsigned": cache, "unknown key": writer(cache, STRANGER)}.get(case, writer(cache)).store(
+        key, {"artifact": source}, {"seconds": 1.0})
     if case == "forged":
         forge(cache, key, b"someone else's bytes")
-    if case == "forged meta":
-        entry = json.loads(cache.fs.cat_file(blob_path(cache, key, "entry.json")))
-        entry["meta"]["seconds"] = 2.0
-        cache.fs.pipe_file(blob_path(cache, key, "entry.json"), json.dumps(entry).encode())
+    elif case == "forged meta":
+        edit_meta(cache, key)
+    elif case == "swapped":
+        other = key_of("another node")
+        second = tmp_path / "other.pt"
+        second.write_bytes(b"another node's artifact")
+        writer(cache).store(other, {"artifact": second})
+        swap(cache, key, other)
+    elif case == "tampered file":
+        flip_a_byte(cache, key)
     destination = tmp_path / "out.pt"
     destination.write_bytes(b"previous build")
+    listing = sorted(cache.fs.find(cache.root))
+    checking = reader(cache) if who == "reader" else writer(cache)
 
-    with pytest.raises(cachemod.Untrusted, match=reason):
-        signed(cache).fetch(key, {"artifact": destination})
+    with pytest.raises(cachemod.Untrusted) as refused:
+        checking.fetch(key, {"artifact": destination})
 
+    assert str(refused.value) == reason
     assert destination.read_bytes() == b"previous build"
+    if who == "reader":  # it cannot sign a replacement: it leaves the entry to those who can
+        assert sorted(cache.fs.find(cache.root)) == listing
+        return
     assert not entry_exists(cache, key)  # removed, so the signing writer's rebuild takes its place
-    assert signed(cache).store(key, {"artifact": source}) is True
-    assert signed(cache).fetch(key, {"artifact": destination}) == {}
+    assert writer(cache).store(key, {"artifact": source}) is True
+    assert reader(cache).fetch(key, {"artifact": destination}) == {}
+
+
+def test_a_reader_cannot_write_a_signed_entry(cache, source, tmp_path):
+    key = key_of("reader writes")
+    assert reader(cache).store(key, {"artifact": source}) is False  # no private key: it writes nothing
+    assert not entry_exists(cache, key)
+    # signing with a key of its own gets it nowhere: the team's readers refuse it
+    assert writer(cache, STRANGER).store(key, {"artifact": source}) is True
+    with pytest.raises(cachemod.Untrusted, match="signed by 'laptop', a key not trusted here"):
+        reader(cache).fetch(key, {"artifact": tmp_path / "out.pt"})
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_key_ring_rotates_keys_without_a_flag_day(cache, source, tmp_path):
+    new = signing.PrivateKey.generate("ci-2")
+    old_entry, new_entry = key_of("old key"), key_of("new key")
+    writer(cache).store(old_entry, {"artifact": source})
+    writer(cache, new).store(new_entry, {"artifact": source})
+    both = reader(cache, TEAM.public(), new.public())
+    assert both.fetch(old_entry, {"artifact": tmp_path / "a"}) == both.fetch(new_entry, {"artifact": tmp_path / "b"})
+    with pytest.raises(cachemod.Untrusted, match=r"signed by 'ci-1', a key not trusted here \(trusted: ci-2\)"):
+        reader(cache, new.public()).fetch(old_entry, {"artifact": tmp_path / "c"})  # the old key retired
 
 
 def test_a_signing_writer_replaces_an_unsigned_entry_in_its_way(cache, source, tmp_path):
     key = key_of("in the way")
     cache.store(key, {"artifact": source})
-    assert signed(cache).store(key, {"artifact": source}) is True
-    assert signed(cache).store(key, {"artifact": source}) is False  # its own, signed entry stays
-    assert signed(cache).fetch(key, {"artifact": tmp_path / "out.pt"}) == {}
+    assert writer(cache).store(key, {"artifact": source}) is True
+    assert writer(cache).store(key, {"artifact": source}) is False  # its own, signed entry stays
+    assert reader(cache).fetch(key, {"artifact": tmp_path / "out.pt"}) == {}
 
 
 def test_a_check_refusing_a_file_makes_the_entry_untrusted_and_leaves_nothing(cache, source, tmp_path):
@@ -441,14 +511,45 @@ def test_a_read_only_cache_reads_and_never_writes(cache, source, tmp_path):
     assert sorted(cache.fs.find(cache.root)) == listing  # no new entry, no `used` time, the damaged one left alone
 
 
-def test_from_environment_reads_the_key_and_the_read_only_setting(tmp_path):
-    environ = {"MOBILEBUILD_CACHE": str(tmp_path / "c"), "MOBILEBUILD_CACHE_KEY": "k",
+def test_from_environment_reads_the_keys_and_the_read_only_setting(tmp_path):
+    key_file = tmp_path / "ci-1.key"
+    TEAM.write(key_file)
+    other = signing.PrivateKey.generate("ci-2").public()
+    environ = {"MOBILEBUILD_CACHE": str(tmp_path / "c"), "MOBILEBUILD_CACHE_SIGNING_KEY": str(key_file),
+               "MOBILEBUILD_CACHE_TRUSTED_KEYS": f"{TEAM.public().text()} {other.text()}",
                "MOBILEBUILD_CACHE_READ_ONLY": "1"}
     shared = cachemod.from_environment(environ)
-    assert shared.signing_key == b"k" and shared.read_only
+    assert shared.signing_key.public() == TEAM.public() and shared.read_only
+    assert sorted(shared.trusted_keys.keys) == ["ci-1", "ci-2"]
+    by_text = cachemod.from_environment({**environ, "MOBILEBUILD_CACHE_SIGNING_KEY": TEAM.text()})
+    assert by_text.signing_key.public() == TEAM.public()
     plain = cachemod.from_environment({"MOBILEBUILD_CACHE": str(tmp_path / "c")})
-    assert plain.signing_key is None and not plain.read_only
+    assert plain.signing_key is None and not plain.trusted_keys and not plain.read_only and plain.writes
     assert cachemod.from_environment({"MOBILEBUILD_CACHE": "off"}) is None
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("MOBILEBUILD_CACHE_SIGNING_KEY", "/nonexistent/ci.key",
+     "MOBILEBUILD_CACHE_SIGNING_KEY: cannot read /nonexistent/ci.key (No such file or directory)"),
+    ("MOBILEBUILD_CACHE_SIGNING_KEY", "ci-1:c2VjcmV0IGJ1dCB0b28gc2hvcnQ=",  # a mistyped key: never echoed
+     "MOBILEBUILD_CACHE_SIGNING_KEY: cannot read its value (neither a key NAME:BASE64 nor a file) (No such file or "
+     "directory)"),
+    ("MOBILEBUILD_CACHE_TRUSTED_KEYS", "ci-1:not-a-key",
+     "MOBILEBUILD_CACHE_TRUSTED_KEYS is not a key of the form NAME:BASE64 (as `mobilebuild keygen` prints)"),
+])
+def test_a_key_that_cannot_be_read_is_one_line_naming_the_variable(tmp_path, variable, value, message):
+    with pytest.raises(MobileBuildError) as refused:
+        cachemod.from_environment({"MOBILEBUILD_CACHE": str(tmp_path / "c"), variable: value})
+    assert str(refused.value) == message
+
+
+def test_the_retired_hmac_secret_trusts_nothing(cache, source, tmp_path):
+    key = key_of("retired")
+    writer(cache).store(key, {"artifact": source})
+    retired = cachemod.from_environment({"MOBILEBUILD_CACHE": cache.url, "MOBILEBUILD_CACHE_KEY": "team secret"})
+    with pytest.raises(cachemod.Untrusted, match="MOBILEBUILD_CACHE_KEY .an HMAC secret. is no longer read"):
+        retired.fetch(key, {"artifact": tmp_path / "out.pt"})
+    assert retired.store(key_of("retired writes"), {"artifact": source}) is False
 
 
 @pytest.mark.parametrize("url, shown", [

@@ -11,8 +11,10 @@ import torch
 from conftest import REPO
 from torch.jit.mobile import _load_for_lite_interpreter
 
+from mobilebuild import signing
 from mobilebuild.examples import digits
-from mobilebuild.plan import recipe
+from mobilebuild.plan import recipe, routes
+from mobilebuild.results import provenance, release
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.stages import modeling
 
@@ -49,7 +51,7 @@ def test_fp32_artifacts_match_eager_and_manifests_are_complete(built, name):
     assert sqnr_db(reference, lite(x)) > FP32_DB
     manifest = json.loads((built / f"artifacts/{name}/manifest.json").read_text())
     assert {t["target"] for t in manifest["targets"]} >= {"xnnpack", "qnnpack"}
-    finals = {a["target"] for a in manifest["artifacts"] if a["stage"] in ("optimize", "nnapi", "lower", "export")}
+    finals = {a["target"] for a in manifest["artifacts"] if a["stage"] in routes.final_stages()}
     assert finals == {t["target"] for t in manifest["targets"]}
     assert all(t["status"] == ("passed" if t["runs_on_host"] else "not run on host") for t in manifest["targets"])
 
@@ -111,6 +113,17 @@ def test_digits_shows_a_pruned_and_a_dynamic_quantized_target(built):
     assert "| xnnpack-pruned |" in report and "l1_unstructured 0.5" in report and "| dynamic |" in report
 
 
+def test_digits_ships_litert_fp32_and_int8_verified_and_benchmarked(built):
+    manifest = json.loads((built / "artifacts/digits/manifest.json").read_text())
+    litert = {t["target"]: t for t in manifest["targets"] if t["runtime"] == "litert"}
+    assert set(litert) == {"xnnpack-litert", "litert-int8"}
+    for target in litert:
+        assert manifest["verification"][target]["status"] == "passed", manifest["verification"][target]
+        assert manifest["benchmarks"][target]["status"] == "ran"
+    assert manifest["layers"]["litert-int8"]["method"] == "litert"
+    assert "LiteRT, xnnpack, int8" in (built / "artifacts/report.md").read_text()
+
+
 def test_the_report_covers_every_example_with_plots(built):
     report = (built / "artifacts/report.md").read_text()
     html = (built / "artifacts/report.html").read_text()
@@ -145,3 +158,19 @@ def test_the_text_example_takes_any_length_in_range_on_every_target(built):
         reference = eager(built, loaded)(ids, mask)
     lite = _load_for_lite_interpreter(str(built / "artifacts/topics/topics-xnnpack.ptl"))
     assert sqnr_db(reference, lite(ids, mask)) > FP32_DB
+
+
+def test_the_examples_release_carries_valid_slsa_provenance_of_every_artifact(built, tmp_path):
+    key = signing.PrivateKey.generate("examples")
+    out = tmp_path / "release"
+    document = release.collect(built, out, allow_failed=True, signing_key=key)  # relaxed int8 targets too
+    statement = json.loads((out / provenance.STATEMENT_FILE).read_text())
+    provenance.validate(statement)  # the in-toto Statement v1 and SLSA Provenance v1 schemas, parsed strictly
+    assert {s["name"]: s["digest"]["sha256"] for s in statement["subject"]} == {
+        path: entry["sha256"] for path, entry in document["files"].items()}
+    assert {entry["recipe"] for entry in document["files"].values()} == {
+        "perf_recipe", "mobilenet_v2", "digits", "topics"}
+    dependencies = {d["name"] for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert {"recipes/digits.yaml", "python", "torch", "executorch", "onnxruntime"} <= dependencies
+    assert release.check_signature(out, signing.KeyRing([key.public()])) == "examples"
+    assert release.check_release_folder(out, document) == []

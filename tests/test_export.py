@@ -314,10 +314,13 @@ def test_dynamic_int8_is_reproducible(text_exports, tmp_path):
     assert again.read_bytes() == dynamic.read_bytes()
 
 
-def test_dynamic_int8_keeps_excluded_modules_float(text_exports, tmp_path):
-    model, _, dynamic, _ = text_exports
+def test_dynamic_int8_keeps_excluded_modules_float(tmp_path):
     _, kept = export_text(tmp_path, "dynamic", name="kept", exclude=["head", "mlp"])  # nodes_to_exclude
     assert ort_runtime.inspect(kept, {})["op_types"].get("MatMulInteger") == 2  # qkv, proj
+
+
+def test_dynamic_int8_excluding_every_linear_and_embedding_is_as_exact_as_float(text_exports, tmp_path):
+    model, _, dynamic, _ = text_exports
     _, none = export_text(tmp_path, "dynamic", name="none", exclude=["Linear", "Embedding"])
     assert text_sqnr(model, none, 16) > FP32_DB > text_sqnr(model, dynamic, 16)
 

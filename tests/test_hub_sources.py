@@ -207,6 +207,7 @@ def test_gpt2_takes_its_attention_mask_by_name_and_no_cache(tmp_path):
     assert set(cached) > {"logits"}  # the recipe asked for the cache
 
 
+@pytest.mark.slow  # four routes' artifacts of one GPT-2, ExecuTorch's lowering alone 15 s on 2 cores
 def test_every_route_takes_gpt2s_named_inputs(tmp_path):
     """Each artifact takes the recipe's inputs in order, the mask a real input: padding changes its outputs as it
     changes the eager model's."""

@@ -95,10 +95,11 @@ def test_a_layer_kept_float_by_quantize_exclude_is_no_longer_to_blame(tmp_path, 
     assert result["layers"][0]["sqnr_db"] > 25, result["layers"]
 
 
-def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path, int8_onnx):
+@pytest.mark.parametrize("route", ["pt2e", "onnx"])
+def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path, int8_onnx, route):
     """quantize.mode: dynamic: no calibration; ExecuTorch's graph is quantized again dynamically, and ONNX Runtime's
     integer units (DynamicQuantizeLinear, MatMulInteger, the rescaling after it) are cut out of the shipped model;
-    each is named by its module, on a model with a dynamic dim."""
+    each is named by its module, on a model with a dynamic dim. ONNX's also has its int8 embedding (tokens)."""
     tokens = [{"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous",
                "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}]
     # the export stage's dynamic int8 of tiny_models.tiny_transformer on these tokens (conftest's, shared)
@@ -107,13 +108,13 @@ def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path, int8_
     model = {"model": str(exported.folder / "fused.pt")}
     linears = {"qkv", "proj", "mlp.0", "mlp.2", "head"}
     shipped = {**model, "artifact": str(exported.path)}
-    for route, extra, artifact in (("pt2e", set(), model), ("onnx", {"tokens"}, shipped)):  # ONNX: its int8 embedding
-        config = stages.LayersConfig(method=method(route), precision="int8", inputs=tokens, samples=4, seed=0, top=10,
-                                     options={}, mode="dynamic", **source)
-        result = run_layers(tmp_path, config, artifact)
-        assert result["method"] == route
-        assert {row["name"] for row in result["layers"]} == linears | extra, result["layers"]
-        assert all(35 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]  # int8, and fine
+    extra, artifact = {"pt2e": (set(), model), "onnx": ({"tokens"}, shipped)}[route]
+    config = stages.LayersConfig(method=method(route), precision="int8", inputs=tokens, samples=4, seed=0, top=10,
+                                 options={}, mode="dynamic", **source)
+    result = run_layers(tmp_path, config, artifact)
+    assert result["method"] == route
+    assert {row["name"] for row in result["layers"]} == linears | extra, result["layers"]
+    assert all(35 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]  # int8, and fine
 
 
 def test_a_layer_without_a_real_sqnr_is_said_not_given_a_sentinel_number():

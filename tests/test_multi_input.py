@@ -398,7 +398,7 @@ def two_onnx():
     return export.export_float(two_model(), TWO)
 
 
-def test_onnx_exports_named_inputs_outputs_and_dynamic_axes(tmp_path, two_onnx):
+def test_onnx_exports_named_inputs_and_outputs(two_onnx):
     proto = two_onnx
     assert [value.name for value in proto.graph.input] == ["image", "side"]
     assert [value.name for value in proto.graph.output] == ["scores", "embedding"]
@@ -407,6 +407,8 @@ def test_onnx_exports_named_inputs_outputs_and_dynamic_axes(tmp_path, two_onnx):
     with pytest.raises(MobileBuildError, match="1 names for 2 output tensor"):
         export.export_float(two_model(), TWO, names=["logits"])
 
+
+def test_onnx_inputs_sharing_a_dynamic_dim_share_one_axis_and_run_at_its_sizes(tmp_path):
     text = export.export_float(text_model(), TEXT)
     axes = [[dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim] for value in text.graph.input]
     assert axes[0] == axes[1] and axes[0][0] == 2 and isinstance(axes[0][1], str)  # seq: one dynamic axis, shared

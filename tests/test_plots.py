@@ -144,3 +144,10 @@ def test_targets_with_equal_numbers_are_drawn_side_by_side():
     assert len(where) == 3 and len(set(where)) == 3  # eager, and the two targets in the same place, each visible
     (x_one, y_one), (x_two, y_two) = where[1:]
     assert y_one == y_two and abs(x_one - x_two) >= plots.SIDE_BY_SIDE  # display pixels at 100 dpi: >= 9 points
+
+
+def test_close_markers_move_apart_in_latency_order():
+    """Three targets a fraction of a marker apart (MobileNetV2's xnnpack, et-xnnpack and onnx near 14 MB): the shifts
+    keep their order, so the slowest is not pushed onto the others."""
+    shifts = plots._side_by_side([(23.47, 14.25), (8.42, 14.0), (27.57, 7.47), (7.73, 13.99), (7.56, 14.0)], 31.7)
+    assert shifts == [0.0, plots.SIDE_BY_SIDE, 0.0, 0.0, -plots.SIDE_BY_SIDE]

@@ -518,3 +518,17 @@ def test_conv_bn_pairs_are_checked_on_a_model_with_a_dict_output():
     assert notes == []
     (pair,) = found
     assert pair["where"] == "norm after conv" and "list [conv, norm] in the recipe's `fuse`" in pair["detail"]
+
+
+@pytest.mark.slow  # importing transformers takes seconds
+def test_a_transformers_model_is_traced_for_conv_bn_pairs():
+    """An outside model whose output is a dict (a ModelOutput): traced, so no note says it could not be checked."""
+    import transformers
+
+    from mobilebuild.preflight.structure import unfolded_batch_norms
+
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16)
+    model = transformers.AutoModel.from_config(config).eval()
+    spec = {"name": "input_ids", "shape": [1, 8], "dtype": "int64", "range": [0, 64], "memory_format": "contiguous"}
+    assert unfolded_batch_norms(model, [spec]) == ([], [])

@@ -8,13 +8,14 @@ import subprocess
 import pytest
 from conftest import Project, tiny_recipe
 
-from mobilebuild import store
+from mobilebuild import signing, store
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.results import release
+from mobilebuild.results import provenance, release
 
 pytestmark = pytest.mark.slow  # a built project, and verify-release rebuilding it
 
 SHIPPED = ["tiny/tiny-qnnpack.ptl", "tiny/tiny-xnnpack.ptl"]
+KEY = signing.PrivateKey.generate("release-1")  # a real Ed25519 release key, made here
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,8 @@ def test_release_copies_each_target_artifact_with_how_it_was_made(built, tmp_pat
     out = tmp_path / "release"
     document = release.collect(built.root, out)
     assert sorted(document["files"]) == SHIPPED
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["release.json", *SHIPPED]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "provenance.intoto.json", "release.json", *SHIPPED]  # unsigned: no release key given
     assert json.loads((out / "release.json").read_text()) == document
     manifest = manifest_of(built)
     for path, entry in document["files"].items():
@@ -54,6 +56,8 @@ def test_release_copies_each_target_artifact_with_how_it_was_made(built, tmp_pat
         assert entry["bytes"] == (out / path).stat().st_size
         assert (entry["recipe"], entry["recipe_file"]) == ("tiny", "recipes/tiny.yaml")
         assert entry["recipe_sha256"] == store.sha256_file(built.root / "recipes/tiny.yaml")
+        assert entry["sources"] == {"recipes/tiny.yaml": entry["recipe_sha256"],
+                                    "tinynet.py": store.sha256_file(built.root / "tinynet.py")}
         assert entry["toolchain"] == manifest["toolchain"]
         assert entry["chain"][-1]["sha256"] == entry["sha256"]
         for step in entry["chain"]:
@@ -76,15 +80,16 @@ def test_release_copies_each_target_artifact_with_how_it_was_made(built, tmp_pat
     assert [step["stage"] for step in int8["chain"]] == ["checkpoint", "fuse", "quantize", "script", "optimize"]
 
 
-def test_release_json_has_no_machine_paths_and_two_releases_are_byte_identical(built, tmp_path):
+def test_release_json_has_no_machine_paths_and_two_signed_releases_are_byte_identical(built, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    release.collect(built.root, first)
+    release.collect(built.root, first, signing_key=KEY)
     (first / "stray.txt").write_text("left from an earlier release")
-    release.collect(built.root, second)
-    release.collect(built.root, first)  # replaces the earlier release whole
-    text = (first / "release.json").read_text()
-    assert text == (second / "release.json").read_text()
-    assert str(built.root) not in text and str(tmp_path) not in text
+    release.collect(built.root, second, signing_key=KEY)
+    release.collect(built.root, first, signing_key=KEY)  # replaces the earlier release whole
+    for name in ("release.json", "release.json.sig", "provenance.intoto.json"):
+        text = (first / name).read_text()
+        assert text == (second / name).read_text()
+        assert str(built.root) not in text and str(tmp_path) not in text
     assert not (first / "stray.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "second"]  # no staging folder left
 
@@ -112,7 +117,7 @@ def test_a_changed_artifact_is_refused_in_one_line_and_the_rest_released(copy, t
     # the qnnpack file was copied before its refusal: it is not in the release, and no staging folder remains
     assert sorted(json.loads((out / release.RELEASE_FILE).read_text())["files"]) == ["tiny/tiny-xnnpack.ptl"]
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
-        "release.json", "tiny", "tiny/tiny-xnnpack.ptl"]
+        "provenance.intoto.json", "release.json", "tiny", "tiny/tiny-xnnpack.ptl"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "release"]
 
 
@@ -182,11 +187,12 @@ def test_an_existing_folder_that_is_not_a_release_is_never_replaced(built, tmp_p
     assert [p.name for p in precious.iterdir()] == ["notes.txt"]
 
 
-def test_verify_release_rebuilds_the_sources_byte_for_byte(built, tmp_path, capsys):
+def test_verify_release_checks_the_signature_then_rebuilds_the_sources_byte_for_byte(built, tmp_path, capsys):
     out, scratch = built.root / "release", tmp_path / "scratch"
-    release.collect(built.root, out)
-    assert release.verify(built.root, out, scratch=scratch) == []
+    release.collect(built.root, out, signing_key=KEY)
+    assert release.verify(built.root, out, scratch=scratch, trusted_keys=signing.KeyRing([KEY.public()])) == []
     progress = capsys.readouterr().err
+    assert progress.startswith("verify-release: release.json signed by release-1\n")
     # git's listing: the recipe, the factory, dodo.py and .gitignore; not the release, artifacts or doit's state
     assert "verify-release: copying 4 source files" in progress
     assert "doit optimize:tiny-qnnpack optimize:tiny-xnnpack" in progress
@@ -242,4 +248,33 @@ def test_release_json_is_sorted_and_ends_with_a_newline(built, tmp_path):
     release.collect(built.root, tmp_path / "out")
     text = (tmp_path / "out" / "release.json").read_text()
     assert text == release.dumps(json.loads(text))
-    assert list(json.loads(text)) == ["files", "format"]
+    assert list(json.loads(text)) == ["files", "format", "provenance"]
+
+
+def test_a_signed_release_of_a_real_build_passes_signature_only_and_fails_once_altered(built, tmp_path, capsys):
+    key_file = tmp_path / "release-1.key"
+    KEY.write(key_file)
+    out = tmp_path / "release"
+    assert release.release_command(["--out", str(out), "--signing-key", str(key_file)], root=built.root) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"released 2 files to {out}, signed by release-1"
+    check = [str(out), "--signature-only", "--trusted-key", KEY.public().text()]
+    assert release.verify_release_command(check, root=tmp_path) == 0  # no repository needed
+    assert "signed by release-1; 2 files and the provenance match" in capsys.readouterr().out
+    # the provenance: every artifact, the recipe and model source, the toolchain, the verdicts
+    statement = json.loads((out / provenance.STATEMENT_FILE).read_text())
+    provenance.validate(statement)
+    document = json.loads((out / "release.json").read_text())
+    assert {s["name"]: s["digest"]["sha256"] for s in statement["subject"]} == {
+        path: entry["sha256"] for path, entry in document["files"].items()}
+    dependencies = {d["name"]: d for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert dependencies["tinynet.py"]["digest"]["sha256"] == store.sha256_file(built.root / "tinynet.py")
+    assert dependencies["torch"]["uri"] == "pkg:pypi/torch@2.12.1"
+    assert statement["predicate"]["buildDefinition"]["externalParameters"]["command"] == (
+        "doit optimize:tiny-qnnpack optimize:tiny-xnnpack")
+    # nothing secret in the release, nor in what the build left
+    seed = KEY.text().split(":")[1].encode()
+    assert not [p for folder in (out, built.root) for p in folder.rglob("*") if p.is_file() and seed in p.read_bytes()]
+    shipped = out / SHIPPED[0]
+    shipped.write_bytes(shipped.read_bytes()[:-1] + bytes([shipped.read_bytes()[-1] ^ 1]))
+    assert release.verify_release_command(check, root=tmp_path) == 1
+    assert capsys.readouterr().out.startswith(f"{SHIPPED[0]}: released file: sha256 ")

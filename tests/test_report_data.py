@@ -311,9 +311,9 @@ def test_what_the_timings_are_is_said_beside_the_pick(tmp_path):
     assert lines[1] == ("Speed here is the build host's CPU (Intel Xeon, 1 thread(s)), not a phone's: a device's CPU, "
                         "and its NPU or GPU delegates, may rank these artifacts otherwise; time them on the device "
                         "(benchmark.device) before choosing on speed.")
-    assert lines[2] == ("Not told apart by this run: static's median and dynamic's (4.50 ms) lie within each other's "
-                        "p10-p90 spread of timed iterations; choose among them by size or quality, or time them on "
-                        "the device.")
+    assert lines[2] == ("Not told apart by this run: static and dynamic (4.50 ms), whose medians lie within the "
+                        "other's p10-p90 spread of timed iterations; choose among them by size or quality, or time "
+                        "them on the device.")
     assert not any("told apart" in line for line in report_data.build([compressed_manifest()]).sections[0]
                    .recommendation)  # 9.0 ms against 4.0-5.1: apart
     _, markdown, page = write([manifest], tmp_path)

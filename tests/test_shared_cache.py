@@ -10,6 +10,8 @@ import textwrap
 import pytest
 from conftest import checkouts, tiny_recipe
 
+from mobilebuild import signing
+
 pytestmark = pytest.mark.slow  # checkouts built end to end
 
 
@@ -117,29 +119,66 @@ def test_a_poisoned_cache_runs_nothing_and_its_entries_are_rebuilt(tmp_path):
     assert second.run(env=cache).stderr.count("did not trust") == 0  # the rebuilt entries replaced them
 
 
-def test_with_a_key_unsigned_and_wrongly_signed_entries_are_rebuilt_never_used(tmp_path):
+def test_a_reader_with_only_the_public_key_builds_from_what_the_writer_signed(tmp_path):
     shared = str(tmp_path / "shared-cache")
     unsigned, signer, reader, stranger = checkouts(tmp_path, "unsigned", "signer", "reader", "stranger")
+    ci, laptop = signing.PrivateKey.generate("ci-1"), signing.PrivateKey.generate("laptop")  # real keys
+    ci.write(tmp_path / "ci-1.key")
     assert unsigned.run(env={"MOBILEBUILD_CACHE": shared}).returncode == 0
-    team = {"MOBILEBUILD_CACHE": shared, "MOBILEBUILD_CACHE_KEY": "team secret"}
+    trusting = {"MOBILEBUILD_CACHE": shared, "MOBILEBUILD_CACHE_TRUSTED_KEYS": ci.public().text()}
 
-    signing = signer.run(env=team)
-    reading = reader.run(env=team)
-    other = stranger.run(env={**team, "MOBILEBUILD_CACHE_KEY": "another secret"})
+    signing_run = signer.run(env={**trusting, "MOBILEBUILD_CACHE_SIGNING_KEY": str(tmp_path / "ci-1.key")})
+    reading = reader.run(env=trusting)
+    other = stranger.run(env={"MOBILEBUILD_CACHE": shared, "MOBILEBUILD_CACHE_SIGNING_KEY": laptop.text(),
+                              "MOBILEBUILD_CACHE_TRUSTED_KEYS": laptop.public().text()})
 
-    assert signing.returncode == reading.returncode == other.returncode == 0
-    assert "(from the cache)" not in signing.stdout
-    (summary,) = [line for line in signing.stderr.splitlines() if "did not trust" in line]
-    assert "unsigned (MOBILEBUILD_CACHE_KEY is set): checkpoint:tiny, fuse:tiny," in summary
+    assert signing_run.returncode == reading.returncode == other.returncode == 0
+    assert "(from the cache)" not in signing_run.stdout
+    (summary,) = [line for line in signing_run.stderr.splitlines() if "did not trust" in line]
+    assert "unsigned (MOBILEBUILD_CACHE_TRUSTED_KEYS is set): checkpoint:tiny, fuse:tiny," in summary
     fetched = [line for line in reading.stdout.splitlines() if line.endswith("(from the cache)")]
     assert len(fetched) == len(digests(reader)) and "did not trust" not in reading.stderr
     assert "(from the cache)" not in other.stdout
-    assert "wrongly signed (MOBILEBUILD_CACHE_KEY differs)" in other.stderr
+    assert "signed by 'ci-1', a key not trusted here (trusted: laptop)" in other.stderr
     # timings measured again differ: the benchmarks, the per-layer comparison's seconds, the plot of them
     models = [{name: digest for name, digest in digests(project).items()
                if not name.startswith(("bench-", "layers-")) and not name.endswith(".png")}
               for project in (unsigned, signer, reader, stranger)]
     assert models[0] == models[1] == models[2] == models[3]
+    # nothing secret in any file the builds wrote, the cache's included, nor in what they printed
+    secrets = [key.text().split(":")[1].encode() for key in (ci, laptop)]
+    written = [path for folder in (tmp_path / "shared-cache", *(p.root for p in (signer, reader, stranger)))
+               for path in folder.rglob("*") if path.is_file()]
+    printed = "".join(run.stdout + run.stderr for run in (signing_run, reading, other)).encode()
+    assert len(written) > 50 and not [path for path in written for secret in secrets if secret in path.read_bytes()]
+    assert not [secret for secret in secrets if secret in printed]
+
+
+def test_a_tampered_or_swapped_signed_entry_is_rebuilt_with_one_line_naming_why(tmp_path):
+    shared = tmp_path / "shared-cache"
+    writer, reader = checkouts(tmp_path, "writer", "reader", recipe=tiny_recipe(targets=[{"backend": "xnnpack"}]))
+    ci = signing.PrivateKey.generate("ci-1")
+    trusting = {"MOBILEBUILD_CACHE": str(shared), "MOBILEBUILD_CACHE_TRUSTED_KEYS": ci.public().text()}
+    assert writer.run("optimize", env={**trusting, "MOBILEBUILD_CACHE_SIGNING_KEY": ci.text()}).returncode == 0
+    entries = {hashlib.sha256(blob.read_bytes()).hexdigest(): blob.parent for blob in shared.rglob("artifact")}
+    entry = {name: entries[hashlib.sha256(writer.artifact(f"tiny/{name}").read_bytes()).hexdigest()]
+             for name in ("checkpoint.pt", "fused.pt", "scripted-fp32.pt")}
+    blob = entry["scripted-fp32.pt"] / "artifact"  # one byte flipped: entry.json, and its signature, unchanged
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    for name in ("artifact", "entry.json"):  # the checkpoint's validly signed entry moved under the fused model's key
+        (entry["fused.pt"] / name).write_bytes((entry["checkpoint.pt"] / name).read_bytes())
+
+    result = reader.run("optimize", env=trusting)
+
+    assert result.returncode == 0, result.stderr
+    (summary,) = [line for line in result.stderr.splitlines() if "did not trust" in line]
+    assert summary == ("the shared artifact cache held 2 entries this build did not trust, and rebuilt: artifact "
+                       "differs from the sha256 its signature covers: script:tiny-fp32; its signature by ci-1 does "
+                       "not match (altered, or moved from another entry): fuse:tiny")
+    shipped = "tiny/tiny-xnnpack.ptl"
+    assert reader.artifact(shipped).read_bytes() == writer.artifact(shipped).read_bytes()
 
 
 def test_a_read_only_cache_is_read_and_never_written(tmp_path):
@@ -156,3 +195,20 @@ def test_a_read_only_cache_is_read_and_never_written(tmp_path):
     assert len([line for line in result.stdout.splitlines() if line.endswith("(from the cache)")]) == len(
         digests(reader))
     assert sorted(shared.rglob("*")) == listing  # not even the entries' `used` times
+
+
+def test_no_key_and_no_cache_credential_in_anything_a_signed_build_and_release_leave(tmp_path):
+    (project,) = checkouts(tmp_path, "project", recipe=tiny_recipe(targets=[{"backend": "xnnpack"}]))
+    cache_key, release_key = signing.PrivateKey.generate("ci-1"), signing.PrivateKey.generate("release-1")
+    env = {"MOBILEBUILD_CACHE": "memory://AKIAEXAMPLE:hunter2@bucket/mobilebuild",
+           "MOBILEBUILD_CACHE_SIGNING_KEY": cache_key.text(), "MOBILEBUILD_RELEASE_SIGNING_KEY": release_key.text()}
+
+    result = project.run("release", env=env)  # the build, its report, then the signed release
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (project.root / "release/release.json.sig").is_file()
+    secrets = [b"hunter2", b"AKIAEXAMPLE", *(key.text().split(":")[1].encode() for key in (cache_key, release_key))]
+    written = [path for path in project.root.rglob("*") if path.is_file()]
+    assert {"manifest.json", "report.md", "report.html", "release.json"} <= {path.name for path in written}
+    assert not [(path, secret) for path in written for secret in secrets if secret in path.read_bytes()]
+    assert not [secret for secret in secrets if secret in (result.stdout + result.stderr).encode()]

@@ -100,6 +100,9 @@ def _alive(pid):
         return False
 
 
+# Slow: it waits out a real 3 s limit between two worker starts that import torch (a shorter limit stopped the
+# stage before it had started its child on a loaded machine).
+@pytest.mark.slow
 def test_a_stage_past_its_limit_is_stopped_with_what_it_started_and_the_pool_starts_a_new_worker(tmp_path):
     (tmp_path / "sleepy.py").write_text(STAGE)
     try:

@@ -150,7 +150,7 @@ def clean_plots():
 def write_release(out_dir=release.DEFAULT_OUT):
     """The doit `release` task's action: a refusal is one line (doit's TaskFailed), not a traceback."""
     try:
-        document = release.collect(".", out_dir)
+        document = release.collect(".", out_dir, signing_key=release.signing_key_from_environment())
     except release.Refused as exc:  # what could be released was; every refusal, one line each
         if exc.document:
             print(f"   released {len(exc.document['files'])} files to {out_dir}")

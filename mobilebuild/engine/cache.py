@@ -10,10 +10,13 @@ instead. Layout, under the cache's URL:
 
 entry.json is written last and a reader trusts only the blobs that match it: a missing, truncated or corrupt entry is
 a miss, never a wrong artifact. Those hashes are the writer's word, so they guard against accidents, not against a
-writer: with a signing key (`MOBILEBUILD_CACHE_KEY`) writers add an HMAC of the entry to entry.json and readers
-treat unsigned or wrongly signed entries as untrusted; a reader may also refuse a file by its content (the `check`
-of `fetch`). Untrusted entries are never used, and removed where this machine may write, so that a rebuild
-replaces them. With `MOBILEBUILD_CACHE_READ_ONLY` set, a machine reads the cache and never writes to it.
+writer: writers holding an Ed25519 private key (`MOBILEBUILD_CACHE_SIGNING_KEY`) sign each entry (its key, its
+files' hashes and sizes, its metadata), and readers given public keys (`MOBILEBUILD_CACHE_TRUSTED_KEYS`, a key
+ring; see mobilebuild/signing.py) use only entries signed by one of them. The signature covers the entry's key, so a
+validly signed entry moved under another key is refused too. A reader may also refuse a file by its content (the
+`check` of `fetch`). Untrusted entries are never used, and removed where this machine may write, so that a rebuild
+replaces them. With `MOBILEBUILD_CACHE_READ_ONLY` set, a machine reads the cache and never writes to it; a machine
+that checks signatures but holds no private key writes no entries either (its readers would refuse them).
 
 On a local filesystem an entry is assembled in `v1/.staging/` and renamed into place whole, so concurrent writers
 and killed writers leave either a complete entry or nothing. Object stores have no directory rename: there the blobs
@@ -25,7 +28,6 @@ No fsspec at import time: `doit list` imports the task layer, which must stay fa
 
 import contextlib
 import hashlib
-import hmac
 import json
 import os
 import posixpath
@@ -36,7 +38,7 @@ import time
 import urllib.parse
 from datetime import datetime
 
-from mobilebuild import store
+from mobilebuild import signing, store
 
 LAYOUT = "v1"
 ENTRY_FILE = "entry.json"
@@ -48,7 +50,11 @@ CHUNK_BYTES = 1 << 20
 STALE_AFTER_S = 3600.0
 OFF_VALUES = ("", "off", "none")
 TRUE_VALUES = ("1", "true", "yes", "on")
-KEY_VARIABLE = "MOBILEBUILD_CACHE_KEY"
+SIGNING_KEY_VARIABLE = "MOBILEBUILD_CACHE_SIGNING_KEY"  # writers: a private key, its text or its file
+TRUSTED_KEYS_VARIABLE = "MOBILEBUILD_CACHE_TRUSTED_KEYS"  # readers: public keys, separated by spaces
+# The HMAC secret of earlier versions: every reader held the power to forge. Where it is still set, entries are
+# refused (never trusted on its say-so) until the public keys replace it.
+RETIRED_KEY_VARIABLE = "MOBILEBUILD_CACHE_KEY"
 READ_ONLY_VARIABLE = "MOBILEBUILD_CACHE_READ_ONLY"
 
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -69,14 +75,24 @@ def default_url(environ=None):
 
 
 def from_environment(environ=None):
-    """The shared cache the environment names ($MOBILEBUILD_CACHE, its signing key and read-only setting), or None
-    when it is off."""
+    """The shared cache the environment names ($MOBILEBUILD_CACHE, its keys and read-only setting), or None when it
+    is off. Raises MobileBuildError for a key that cannot be read."""
     environ = os.environ if environ is None else environ
     url = default_url(environ)
     if url is None:
         return None
-    return Cache(url, signing_key=environ.get(KEY_VARIABLE) or None,
-                 read_only=environ.get(READ_ONLY_VARIABLE, "").strip().lower() in TRUE_VALUES)
+    return Cache(url, read_only=environ.get(READ_ONLY_VARIABLE, "").strip().lower() in TRUE_VALUES,
+                 **keys_from_environment(environ))
+
+
+def keys_from_environment(environ=None):
+    """{"signing_key", "trusted_keys", "retired_key"} as Cache takes them, from the environment (a Dask worker reads
+    its own: keys never travel through the scheduler)."""
+    environ = os.environ if environ is None else environ
+    private = environ.get(SIGNING_KEY_VARIABLE, "").strip()
+    return {"signing_key": signing.PrivateKey.load(private, SIGNING_KEY_VARIABLE) if private else None,
+            "trusted_keys": signing.KeyRing.parse([environ.get(TRUSTED_KEYS_VARIABLE, "")], TRUSTED_KEYS_VARIABLE),
+            "retired_key": bool(environ.get(RETIRED_KEY_VARIABLE))}
 
 
 def redact(url):
@@ -115,21 +131,28 @@ class _Corrupt(Exception):
 
 
 class Untrusted(Exception):
-    """An entry this reader must not use: unsigned or wrongly signed while a signing key is set, or a file that is not
-    what the caller's check requires. The message says which, in a few words."""
+    """An entry this reader must not use: unsigned or not signed by a trusted key while signatures are checked, a
+    file that differs from its signed hash, or a file that is not what the caller's check requires. The message says
+    which, in a few words."""
 
 
 class Cache:
-    """A content-addressed artifact cache at an fsspec URL (a plain path is a local folder). With `signing_key`,
-    entries are signed when stored and used only when their signature matches; with `read_only`, nothing is ever
-    written (no entries, no usage times, no removals)."""
+    """A content-addressed artifact cache at an fsspec URL (a plain path is a local folder). With `signing_key` (a
+    signing.PrivateKey), entries are signed when stored; with `trusted_keys` (a signing.KeyRing; the signing key's
+    own public key is added), entries are used only when signed by one of them, and a cache that cannot sign stores
+    nothing. With `read_only`, nothing is ever written (no entries, no usage times, no removals). `retired_key`:
+    the retired HMAC variable is set, and every entry is refused until it is replaced."""
 
-    def __init__(self, url, signing_key=None, read_only=False, **storage_options):
+    def __init__(self, url, signing_key=None, trusted_keys=None, read_only=False, retired_key=False,
+                 **storage_options):
         from fsspec.core import url_to_fs
         from fsspec.implementations.local import LocalFileSystem
 
         self.url = os.fspath(url)
-        self.signing_key = signing_key.encode() if isinstance(signing_key, str) else signing_key
+        self.signing_key = signing_key
+        self.trusted_keys = signing.KeyRing([*(trusted_keys.keys.values() if trusted_keys else ()),
+                                             *([signing_key.public()] if signing_key else ())])
+        self.retired_key = retired_key
         self.read_only = read_only
         self.fs, root = url_to_fs(self.url, **storage_options)
         self.local = isinstance(self.fs, LocalFileSystem)
@@ -140,6 +163,11 @@ class Cache:
     def __repr__(self):
         return f"Cache({self.location!r})"
 
+    @property
+    def writes(self):
+        """Whether this machine stores entries: not read-only, and able to sign where signatures are checked."""
+        return not (self.read_only or self.retired_key or (self.trusted_keys and self.signing_key is None))
+
     # -- reading --------------------------------------------------------------------------------------------------
 
     def fetch(self, key, outputs, check=None):
@@ -148,18 +176,24 @@ class Cache:
         All destinations are replaced together, only after every file matched its recorded sha256 and size, and
         `check(name, path)` (if given) found nothing wrong with each: it returns None, or the problem. A broken
         entry is removed; a failure of the cache's storage or of the destination is just a miss. Raises Untrusted
-        for an entry that is unsigned or wrongly signed while a key is set, or that `check` refuses.
+        for an entry not signed by a trusted key while keys are set (or whose files differ from what it signed), or
+        that `check` refuses; it is removed where this machine writes.
         """
         directory = self._entry_dir(key)
         try:
             entry = self._read_entry(directory)
             if entry is None or not set(outputs) <= set(entry["files"]):
                 return None
-            self._check_signature(key, entry)
+            signed = self._check_signature(key, entry)
             with contextlib.ExitStack() as replacements:
                 for name, destination in outputs.items():
                     temporary = replacements.enter_context(store.atomic_output(destination))
-                    self._copy_verified(posixpath.join(directory, name), temporary, entry["files"][name])
+                    try:
+                        self._copy_verified(posixpath.join(directory, name), temporary, entry["files"][name])
+                    except _Corrupt:
+                        if signed:  # not an accident of storage: a file changed after a trusted writer signed it
+                            raise Untrusted(f"{name} differs from the sha256 its signature covers") from None
+                        raise
                     problem = check(name, temporary) if check else None
                     if problem:
                         raise Untrusted(problem)
@@ -167,7 +201,8 @@ class Cache:
             self._remove(directory)
             return None
         except Untrusted:
-            self._remove(directory)  # where this machine writes: the rebuild replaces it
+            if self.writes:  # the rebuild replaces it; a reader that cannot sign leaves it to those who may
+                self._remove(directory)
             raise
         except OSError:
             return None
@@ -221,18 +256,19 @@ class Cache:
             raise _Corrupt(f"{source}: does not match {ENTRY_FILE}")
 
     def _check_signature(self, key, entry):
-        if self.signing_key is None:
-            return
-        signature = entry.get("signature")
-        if not isinstance(signature, str):
-            raise Untrusted(f"unsigned ({KEY_VARIABLE} is set)")
-        if not hmac.compare_digest(signature, self._signature(key, entry["files"], entry["meta"])):
-            raise Untrusted(f"wrongly signed ({KEY_VARIABLE} differs)")
-
-    def _signature(self, key, files, meta):
-        """HMAC-SHA256 of the entry's key, its files' hashes and sizes, and its metadata."""
-        signed = json.dumps({"key": key, "files": files, "meta": meta}, sort_keys=True, separators=(",", ":"))
-        return hmac.new(self.signing_key, signed.encode(), hashlib.sha256).hexdigest()
+        """Whether the entry's signature was checked (and held); raises Untrusted where it must be and does not."""
+        if self.retired_key:
+            raise Untrusted(f"{RETIRED_KEY_VARIABLE} (an HMAC secret) is no longer read: set "
+                            f"{TRUSTED_KEYS_VARIABLE} and {SIGNING_KEY_VARIABLE} (`mobilebuild keygen`)")
+        if not self.trusted_keys:
+            return False
+        try:
+            self.trusted_keys.verify(entry.get("signature"), _signed_bytes(key, entry["files"], entry["meta"]),
+                                     unsigned=f"unsigned ({TRUSTED_KEYS_VARIABLE} is set)",
+                                     altered="altered, or moved from another entry")
+        except signing.BadSignature as exc:
+            raise Untrusted(str(exc)) from None
+        return True
 
     def _mark_used(self, directory):
         if self.read_only:
@@ -247,14 +283,15 @@ class Cache:
         """Publish {name: local path} as the entry `key`. Returns True when this call published it, False when an
         entry was already there (it is kept: the first writer wins). Raises OSError when the cache cannot be
         written; the build does not depend on it, so callers may warn and carry on. A read-only cache stores
-        nothing; a signing one first removes an entry in the way that it would not trust."""
+        nothing, and so does one that checks signatures but cannot sign; a signing one first removes an entry in the
+        way that it would not trust."""
         directory = self._entry_dir(key)
         for name in files:
             _check_name(name)
-        if self.read_only:
+        if not self.writes:
             return False
         meta = dict(meta or {})
-        if self.signing_key is not None:
+        if self.trusted_keys:
             self._remove_untrusted(key, directory)
         if self.local:
             return self._publish_by_rename(key, directory, files, meta)
@@ -309,7 +346,7 @@ class Cache:
     def _entry_json(self, key, record, meta):
         entry = {"files": record, "meta": meta, "created": time.time()}
         if self.signing_key is not None:
-            entry["signature"] = self._signature(key, record, meta)
+            entry["signature"] = self.signing_key.sign(_signed_bytes(key, record, meta))
         return json.dumps(entry, sort_keys=True, indent=1).encode()
 
     def _write_blobs(self, directory, files):
@@ -436,6 +473,12 @@ class Cache:
         if not isinstance(key, str) or not _KEY.fullmatch(key):
             raise ValueError(f"cache key must be 64 lowercase hex digits, not {key!r}")
         return posixpath.join(self._layout, key[:2], key)
+
+
+def _signed_bytes(key, files, meta):
+    """What an entry's signature covers: its key (so it cannot be moved under another), its files' hashes and sizes,
+    and its metadata."""
+    return json.dumps({"key": key, "files": files, "meta": meta}, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _check_name(name):

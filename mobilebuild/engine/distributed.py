@@ -74,10 +74,16 @@ def run_remote(node, request, shared, key, python=None, timeout=None):
 
 def build_on_worker(request, files, cache_url, key, python=None, timeout=None):
     """On a Dask worker: fetch the inputs into a scratch repository, run the stage, publish the output. The cache's
-    signing key comes from the worker's own environment (MOBILEBUILD_CACHE_KEY), never through the scheduler."""
+    keys come from the worker's own environment (MOBILEBUILD_CACHE_SIGNING_KEY, MOBILEBUILD_CACHE_TRUSTED_KEYS), never
+    through the scheduler."""
     from mobilebuild.engine import cache, worker_pool
 
-    shared = cache.Cache(cache_url, signing_key=os.environ.get(cache.KEY_VARIABLE) or None)
+    shared = cache.Cache(cache_url, **cache.keys_from_environment())
+    if not shared.writes:  # its output could not be published, and the build would wait for it in vain
+        return {"error": {"message": f"a Dask worker cannot publish to the artifact cache at {shared.location}: it "
+                                     f"checks signatures ({cache.TRUSTED_KEYS_VARIABLE}) but has no "
+                                     f"{cache.SIGNING_KEY_VARIABLE}, or is read-only", "field": None, "file": None},
+                "printed": ""}
     scratch = Path(tempfile.mkdtemp(prefix="mobilebuild-"))
     try:
         for path, digest in files.items():

@@ -30,7 +30,10 @@ def run_node(node):
     """Build one node, or fetch it from the shared cache (then return {FROM_CACHE: True}, which doit keeps as the
     task's values); return doit's TaskFailed (rendered as a single line) for a user mistake."""
     started = time.perf_counter()
-    shared, key = _cache_entry(node)
+    try:
+        shared, key = _cache_entry(node)
+    except MobileBuildError as exc:  # a cache key that cannot be read
+        return TaskFailed(str(exc))
     if key is not None and _fetch(node, shared, key):
         log_path(node).unlink(missing_ok=True)
         print(f"   {node.output} (from the cache)", flush=True)
@@ -74,8 +77,9 @@ def shared_cache():
 
 
 def _fetch(node, shared, key):
-    """Whether the node's output came from the cache. An entry the cache's reader does not trust (unsigned while
-    a key is set; a file that is not what the stage makes) is noted for the build's summary and rebuilt."""
+    """Whether the node's output came from the cache. An entry the cache's reader does not trust (not signed by a
+    trusted key while keys are set; a file that is not what the stage makes) is noted for the build's summary and
+    rebuilt."""
     from mobilebuild.engine import cache, fetched
 
     form = stages.get(node.stage).form
@@ -183,6 +187,10 @@ def _build_remotely(node, shared, key):
     if shared.read_only:
         raise MobileBuildError(f"a build on Dask moves files through the shared artifact cache, which is read-only "
                                f"here ({cache.READ_ONLY_VARIABLE}): build on Dask where the cache may be written")
+    if not shared.writes:
+        raise MobileBuildError(f"a build on Dask moves files through the shared artifact cache, which this machine "
+                               f"checks signatures of but cannot sign ({cache.TRUSTED_KEYS_VARIABLE} without "
+                               f"{cache.SIGNING_KEY_VARIABLE}): build on Dask where entries are signed")
     try:
         reply = distributed.run_remote(node, request(node, node.output), shared, key, python=node.interpreter,
                                        timeout=node.time_limit)
@@ -193,8 +201,8 @@ def _build_remotely(node, shared, key):
     try:
         found = shared.fetch(key, {"artifact": Path(node.output)})
     except cache.Untrusted as exc:
-        raise MobileBuildError(f"built on a Dask worker, but its cache entry is {exc}: give the workers the same "
-                               f"{cache.KEY_VARIABLE} as the build") from None
+        raise MobileBuildError(f"built on a Dask worker, but its cache entry is {exc}: give the workers a "
+                               f"{cache.SIGNING_KEY_VARIABLE} this build trusts") from None
     if found is None:
         raise RuntimeError(f"{node.task_name}: built on a Dask worker but not found in the cache {shared.location}")
 

@@ -6,7 +6,7 @@ is `Node.key`: its stage, its settings and the toolchain versions; doit tracks i
 """
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import routes, stages
+from mobilebuild.plan import generation, routes, stages
 from mobilebuild.plan.chain import (
     ARTIFACTS_DIR,
     CHAIN,
@@ -55,19 +55,31 @@ def recipe_nodes(recipe, root):
     nodes.append(checkpoint)
 
     timing = {key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}
-    eager_bench = checked_node(recipe, "bench", f"{recipe.name}-eager",
-                               stages.BenchConfig(runtime="eager", runtime_module=f"{routes.RUNTIMES_PACKAGE}.eager",
-                                                  model=source, inputs=recipe.inputs, timing=timing,
-                                                  runs_on_host=True),
-                               {"checkpoint": checkpoint}, f"{out}/bench-eager.json", files=factory_files)
+    if recipe.generate:
+        eager_bench = checked_node(recipe, generation.BENCH, f"{recipe.name}-eager",
+                                   generation.eager_bench_config(recipe, source), {"checkpoint": checkpoint},
+                                   f"{out}/bench-eager.json", files=factory_files)
+    else:
+        eager_bench = checked_node(recipe, "bench", f"{recipe.name}-eager",
+                                   stages.BenchConfig(runtime="eager",
+                                                      runtime_module=f"{routes.RUNTIMES_PACKAGE}.eager",
+                                                      model=source, inputs=recipe.inputs, timing=timing,
+                                                      runs_on_host=True),
+                                   {"checkpoint": checkpoint}, f"{out}/bench-eager.json", files=factory_files)
     results = [eager_bench]
     targets = []
 
     problems = []
     for target in recipe.targets:
         try:
-            route = routes.route_for(target, recipe.file)
+            route = routes.route_for(target, recipe.file, generative=bool(recipe.generate))
             chain = Chain(recipe, target, route, root, {"checkpoint": checkpoint})
+            if recipe.generate:  # a language model: its own chain, verification and timing
+                final, checks, entry = generation.target_nodes(chain, root)
+                nodes.append(final)
+                results.extend(checks)
+                targets.append(entry)
+                continue
             for planner in (*CHAIN, *(stages.get(name).planner() for name in route.stages)):
                 node = planner(chain)
                 if node is not None:
@@ -116,8 +128,10 @@ def recipe_nodes(recipe, root):
             recipe=recipe.name, recipe_file=recipe.file, recipe_sha256=recipe.sha256,
             artifacts=[{"stage": n.stage, "path": n.output, **n.describes} for n in artifacts],
             targets=targets, checkpoint=checkpoint.output, inputs=recipe.inputs, outputs=recipe.outputs,
-            verification={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "verify"},
-            benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "bench"},
+            verification={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
+                          if n.stage in ("verify", generation.VERIFY)},
+            benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
+                        if n.stage in ("bench", generation.BENCH)},
             layers={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "layers"} or None),
         {n.task_name: n for n in artifacts + results}, f"{out}/manifest.json")
     plot = checked_node(recipe, "plot", recipe.name, stages.PlotConfig(recipe=recipe.name), {"manifest": manifest},

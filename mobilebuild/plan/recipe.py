@@ -87,6 +87,7 @@ class Recipe:
     targets: tuple = field(default_factory=tuple)
     outputs: list | None = None  # names for the output tensors, in flattening order
     limits: dict = field(default_factory=dict)  # seconds a stage may run, by kind: stage_seconds, layers_seconds
+    generate: dict | None = None  # a decoder-only language model's generation settings (plan/generation.py)
 
 
 def schema():
@@ -252,7 +253,8 @@ def parse(text, file):
         lines = [MobileBuildError(_describe(e), file=file, field=field_path(e.absolute_path) or "(top level)")
                  for e in errors]
         model = data.get("model")
-        if "input" not in data and "inputs" not in data and not (isinstance(model, dict) and "timm" in model):
+        if "input" not in data and "inputs" not in data and "generate" not in data and not (
+                isinstance(model, dict) and "timm" in model):
             # said with the schema's problems, as before timm models could leave their input out (checked after it)
             lines.insert(0, MobileBuildError(ONE_OF_INPUTS, file=file, field="(top level)"))
         raise RecipeErrors({str(line): line for line in lines}.values())
@@ -500,6 +502,32 @@ def _input_defaults(data, file, root):
     return found
 
 
+def _generation_input(data, file):
+    """A language model's one input, input_ids [1, 1], where the recipe leaves it out (its range
+    then comes from the vocabulary: _input_defaults); the problems of `generate:` the schema cannot see."""
+    generate = data.get("generate")
+    if generate is None:
+        return []
+    longest, context = max(generate["prompt_lengths"]), generate["max_context"]
+    if longest + generate["new_tokens"] > context:
+        return [MobileBuildError(f"the longest prompt ({longest}) and new_tokens ({generate['new_tokens']}) exceed "
+                                 f"max_context ({context}), the KV cache's length: raise max_context or shorten them",
+                                 file=file, field="generate.max_context")]
+    if generate["group_size"] & (generate["group_size"] - 1):
+        return [MobileBuildError(f"expected a power of two, got {generate['group_size']}", file=file,
+                                 field="generate.group_size")]
+    if "input" not in data and "inputs" not in data:
+        if "transformers" not in data["model"]:
+            return [MobileBuildError("give the token ids' input (inputs: [{name: input_ids, shape: [1, N], dtype: "
+                                     "int64, range: [0, vocabulary size]}]): only a transformers source says its "
+                                     "vocabulary", file=file, field="inputs")]
+        # one token: the checkpoint's check of the model; prompt lengths are the LM stages' own settings, and
+        # changing them must not retrain
+        data["inputs"] = [{"name": "input_ids", "shape": [1, 1], "dtype": "int64"}]
+        _apply_defaults(schema()["properties"]["inputs"], data["inputs"])
+    return []
+
+
 def _prune_with_defaults(prune):
     if prune is False:
         return False
@@ -541,7 +569,7 @@ def load(path, root, cache=None):
             model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
         except MobileBuildError as exc:
             problems.append(exc)
-    stopping = _hub_problems(model, file, root)
+    stopping = _hub_problems(model, file, root) or _generation_input(data, file)
     stopping = stopping or _input_defaults(data, file, root)
     if stopping:  # without a source it can read, or a shape for each input, there is nothing more to check
         raise RecipeErrors(problems + stopping)
@@ -575,7 +603,7 @@ def load(path, root, cache=None):
         name=data["name"], file=file, sha256=hashlib.sha256(raw).hexdigest(), model=model,
         inputs=inputs, fuse=data["fuse"], prune=recipe_prune, quantize=data["quantize"], script=data["script"],
         verify=data["verify"], benchmark=data["benchmark"], targets=tuple(targets),
-        outputs=data.get("outputs"), limits=data["limits"],
+        outputs=data.get("outputs"), limits=data["limits"], generate=data.get("generate"),
     )
 
 

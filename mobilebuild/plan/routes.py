@@ -80,6 +80,16 @@ class Checks:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """How a route builds a decoder-only language model with its KV cache (a recipe with `generate:`): the stage
+    that writes the artifact from the checkpoint, and its precisions (the first is the default). The route's runtime
+    module gives `generator(path, config)`, which runs the artifact a step at a time (worker/lm.py)."""
+
+    stage: str
+    precisions: tuple
+
+
+@dataclass(frozen=True)
 class Route:
     backend: str
     runtime: str
@@ -95,6 +105,7 @@ class Route:
     precision_of: Callable | None = None
     checks: Checks = Checks()
     default: bool = False  # the backend's runtime when a target names none
+    generation: Generation | None = None  # its generative path; None: a `generate:` recipe is refused for it
 
     @property
     def key(self):
@@ -158,13 +169,17 @@ class Route:
         return f"dim{'s' if len(dims) > 1 else ''} {', '.join(dims)} fixed at the example size: {why}"
 
 
+NONE = "—"  # a fact that is absent or does not apply, in the report and the route's structure column
+
+
 def mapping(value):
     """A level of facts read from a file the reader does not trust: a dict, or an empty one."""
     return value if isinstance(value, dict) else {}
 
 
 def text(value):
-    return "—" if value is None or value == "" else str(value)
+    """A fact as a table cell: NONE where it is absent."""
+    return NONE if value is None or value == "" else str(value)
 
 
 _ROUTES = Registry("route")
@@ -198,8 +213,9 @@ def default_runtime(backend):
 
 
 def final_stages():
-    """The stages that write a shipped artifact: what verify and bench may take."""
-    return tuple(dict.fromkeys(route.final_stage for route in _ROUTES.all()))
+    """The stages that write a shipped artifact (a language model's too): what verify and bench may take."""
+    return tuple(dict.fromkeys([*(route.final_stage for route in _ROUTES.all()),
+                                *(route.generation.stage for route in _ROUTES.all() if route.generation)]))
 
 
 def distributions():
@@ -222,8 +238,9 @@ def layer_methods():
     return {name: text for route in _ROUTES.all() for name, text in (route.checks.layer_methods or {}).items()}
 
 
-def route_for(target, recipe_file):
-    """The route a recipe target takes, or a clear error for a combination this version cannot build."""
+def route_for(target, recipe_file, generative=False):
+    """The route a recipe target takes, or a clear error for a combination this version cannot build. `generative`:
+    for a recipe with `generate:`, whose targets take the route's generative path and its precisions."""
     runtime = target.runtime or default_runtime(target.backend)
     found = get(target.backend, runtime)
     where = f"targets[{target.index}]"
@@ -232,6 +249,8 @@ def route_for(target, recipe_file):
         raise MobileBuildError(
             f"backend {target.backend!r} with runtime {runtime!r} is not buildable by this version of mobilebuild "
             f"(buildable: {buildable})", file=recipe_file, field=where)
+    if generative:
+        return _generative(found, target, recipe_file, where)
     if target.precision and found.precision_of is not None and target.precision != found.precision(target):
         raise MobileBuildError(f"{found.backend.upper()} takes its precision from {found.settings}.mode "
                                f"({target.settings[found.settings]['mode']!r} is {found.precision(target)}); leave "
@@ -241,3 +260,20 @@ def route_for(target, recipe_file):
             f"precision {target.precision!r} is not available for {found.backend} ({found.runtime}); expected one "
             f"of {', '.join(found.precisions)}", file=recipe_file, field=f"{where}.precision")
     return found
+
+
+def _generative(route, target, recipe_file, where):
+    if route.generation is None:
+        able = ", ".join(f"{r.backend} ({r.runtime})" for r in _ROUTES.all() if r.generation)
+        raise MobileBuildError(f"{route.backend} ({route.runtime}): generative path not wired yet (a recipe with "
+                               f"generate: builds for {able})", file=recipe_file, field=f"{where}.backend")
+    if target.precision not in (None, *route.generation.precisions):
+        raise MobileBuildError(
+            f"precision {target.precision!r} is not available for a language model on {route.backend} "
+            f"({route.runtime}); expected one of {', '.join(route.generation.precisions)}", file=recipe_file,
+            field=f"{where}.precision")
+    return route
+
+
+def generative_precision(route, target):
+    return target.precision or route.generation.precisions[0]

@@ -20,6 +20,10 @@ from mobilebuild.worker.quiet import quiet
 def _load(recipe_path, root, only):
     """The recipe and its targets' routes; a bad recipe raises (RecipeErrors or MobileBuildError)."""
     loaded = recipe.load(recipe_path, root)
+    if loaded.generate:
+        raise MobileBuildError("check does not cover language models yet (generate:): `mobilebuild build` builds "
+                               "each target and verifies it token by token (docs/llm.md)", file=loaded.file,
+                               field="generate")
     known = [target.id for target in loaded.targets]
     unknown = [name for name in only or () if name not in known]
     if unknown:

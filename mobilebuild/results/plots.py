@@ -21,6 +21,7 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
 OUTLIER_REACH = 2.5  # the latency axes end at most this many times the slowest median (a p90 beyond is written)
 SIDE_BY_SIDE = 9  # points between markers that would sit on top of each other
+NEAR = 0.03  # of an axis' span: about a marker's width in the scatter panels, where markers start to hide each other
 
 
 def run(inputs, config, output):
@@ -175,21 +176,21 @@ def _scatter(axes, points, style, ylabel, slowest, from_zero=True):
 
 
 def _side_by_side(positions, x_span):
-    """A horizontal shift in points per (x, y): 0 for a point alone, spread around 0 for points within 1% of the
-    latency axis and of each other's value."""
+    """A horizontal shift in points per (x, y): 0 for a point alone, spread around 0 for points closer than about a
+    marker's width (3% of the axes) in latency and in value."""
     values = [y for _, y in positions]
     y_span = (max(values) - min(values)) if values else 0
     groups = []
     for index, (x, y) in enumerate(positions):
-        near = next((group for group in groups if abs(positions[group[0]][0] - x) <= 0.01 * x_span
-                     and abs(positions[group[0]][1] - y) <= 0.01 * (y_span or abs(y) or 1)), None)
+        near = next((group for group in groups if abs(positions[group[0]][0] - x) <= NEAR * x_span
+                     and abs(positions[group[0]][1] - y) <= NEAR * (y_span or abs(y) or 1)), None)
         if near is None:
             groups.append([index])
         else:
             near.append(index)
     shifts = [0.0] * len(positions)
-    for group in groups:
-        for rank, index in enumerate(group):
+    for group in groups:  # in latency order: each neighbour ends SIDE_BY_SIDE farther away, none crosses another
+        for rank, index in enumerate(sorted(group, key=lambda index: positions[index])):
             shifts[index] = (rank - (len(group) - 1) / 2) * SIDE_BY_SIDE
     return shifts
 

@@ -1,19 +1,23 @@
 """Release: the shipped artifacts of a finished build, with a release.json that says how each was made, and a check
 that rebuilding the repository from scratch gives the same bytes.
 
-    mobilebuild release [--out DIR] [--recipe NAME]... [--target ID]... [--allow-failed]
-    mobilebuild verify-release DIR [--keep-scratch] [--scratch DIR]
+    mobilebuild release [--out DIR] [--recipe NAME]... [--target ID]... [--allow-failed] [--signing-key KEY]
+    mobilebuild verify-release DIR [--trusted-key KEY]... [--signature-only] [--keep-scratch] [--scratch DIR]
 
 `collect` copies each selected target's final artifact (artifacts/<recipe>/manifest.json, "targets") into the release
 folder as <recipe>/<file>, and writes release.json: per file its sha256 and size, the recipe (name, file, sha256),
-target, backend, runtime and precision, the chain of graph nodes that made it (each output's sha256), the toolchain,
-and summaries of verification and benchmark results. release.json holds no timestamps and no absolute paths, and is
-written with sorted keys: releasing the same build twice gives the same bytes. The folder is assembled beside its
-destination and renamed into place, so a release is complete or absent.
+the source files it was built from, target, backend, runtime and precision, the chain of graph nodes that made it
+(each output's sha256), the toolchain, and summaries of verification and benchmark results; beside it the SLSA
+provenance (provenance.py), whose sha256 release.json records. With a release key (an Ed25519 private key,
+signing.py), release.json.sig signs release.json, and so, through the hashes it lists, every file of the release.
+Nothing holds a timestamp or an absolute path, and JSON is written with sorted keys; Ed25519 signatures are
+deterministic: releasing the same build twice gives the same bytes. The folder is assembled beside its destination
+and renamed into place, so a release is complete or absent.
 
-`verify` copies the repository's sources (git's tracked and untracked, not ignored files; without git, the tree minus
-build state) into a scratch folder, builds the released artifacts there with the shared cache off, and compares them,
-and the released files themselves, with release.json.
+`check_signature` and `check_release_folder` check a release against trusted public keys and its own hashes, in
+seconds (`--signature-only`: what an app's CI runs on download). `verify` does that, then copies the repository's
+sources (git's tracked and untracked, not ignored files; without git, the tree minus build state) into a scratch
+folder, builds the released artifacts there with the shared cache off, and compares them with release.json.
 
 No torch here: the release reads manifests and copies files.
 """
@@ -31,11 +35,15 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from mobilebuild import store
+from mobilebuild import signing, store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import graph, project, toolchain
+from mobilebuild.results import provenance
 
 RELEASE_FILE = "release.json"
+SIGNATURE_FILE = "release.json.sig"
+SIGNING_KEY_VARIABLE = "MOBILEBUILD_RELEASE_SIGNING_KEY"  # the release key: its text, or its file
+TRUSTED_KEYS_VARIABLE = "MOBILEBUILD_RELEASE_TRUSTED_KEYS"  # public keys a verifier trusts, separated by spaces
 FORMAT = 1
 DEFAULT_OUT = "release"
 RUN_DOIT_FIRST = "run `doit` first"
@@ -76,12 +84,13 @@ class Refused(RecipeErrors):
         self.document = document
 
 
-def collect(root, out_dir, recipes=None, targets=None, allow_failed=False):
+def collect(root, out_dir, recipes=None, targets=None, allow_failed=False, signing_key=None):
     """Copy the final artifacts of the selected recipes and targets (all by default; a target by its id, e.g.
-    "xnnpack", or as "<recipe>-<id>") into `out_dir` with release.json; return release.json's content. A target is
-    refused when its artifact is missing or changed, its manifest is stale, or (unless `allow_failed`) it failed or
-    lacks verification: the others are released, then Refused lists every refusal. A selection that names nothing
-    raises MobileBuildError."""
+    "xnnpack", or as "<recipe>-<id>") into `out_dir` with release.json and the provenance, signed with
+    `signing_key` (a signing.PrivateKey) if given; return release.json's content. A target is refused when its
+    artifact is missing or changed, its manifest is stale, or (unless `allow_failed`) it failed or lacks
+    verification: the others are released, then Refused lists every refusal. A selection that names nothing raises
+    MobileBuildError."""
     root = Path(root)
     out_dir = Path(out_dir)
     _check_destination(out_dir)
@@ -95,14 +104,30 @@ def collect(root, out_dir, recipes=None, targets=None, allow_failed=False):
             except MobileBuildError as exc:
                 refused.append(exc)
                 _unstage(staging, target["path"])  # a copy that was made before the refusal
-        document = {"format": FORMAT, "files": files} if files else None
+        document = _describe(staging, files, signing_key) if files else None
         if document:
-            (staging / RELEASE_FILE).write_text(dumps(document))
             _publish(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     if refused:
         raise Refused(refused, document)
+    return document
+
+
+def _describe(staging, files, signing_key):
+    """Write the provenance, release.json (with the provenance's sha256) and its signature; return release.json."""
+    sources = {path: digest for entry in files.values() for path, digest in entry["sources"].items()}
+    command = "doit " + " ".join(sorted({entry["chain"][-1]["task"] for entry in files.values()}))
+    statement = provenance.statement(files, sources, command)
+    provenance.validate(statement)
+    (staging / provenance.STATEMENT_FILE).write_text(dumps(statement))
+    document = {"format": FORMAT, "files": files,
+                "provenance": {"path": provenance.STATEMENT_FILE,
+                               "sha256": store.sha256_file(staging / provenance.STATEMENT_FILE)}}
+    text = dumps(document)
+    (staging / RELEASE_FILE).write_text(text)
+    if signing_key is not None:
+        (staging / SIGNATURE_FILE).write_text(dumps(signing_key.sign(text.encode())))
     return document
 
 
@@ -193,12 +218,16 @@ def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
     if sha256 != chain[-1]["sha256"]:
         raise MobileBuildError(f"{graph.ARTIFACTS_DIR}/{target['path']} changed while it was released; "
                                f"{RUN_DOIT_FIRST}")
+    made_it = {step["task"] for step in chain}
+    sources = {path: store.sha256_file(root / path) for node in recipe_nodes if node.task_name in made_it
+               for path in node.files}
     entry = {
         "sha256": sha256,
         "bytes": destination.stat().st_size,
         "recipe": name,
         "recipe_file": manifest["recipe_file"],
         "recipe_sha256": manifest["recipe_sha256"],
+        "sources": {manifest["recipe_file"]: manifest["recipe_sha256"], **sources},
         "target": target_id,
         **{key: target.get(key) for key in TARGET_KEYS},
         "inputs": manifest.get("inputs"),  # with the outputs: all an app developer needs to feed and read it
@@ -300,14 +329,69 @@ def _publish(staging, out_dir):
 # -- verify -------------------------------------------------------------------------------------------------------
 
 
-def verify(root, release_dir, scratch=None, keep_scratch=False):
-    """Check a release: its files against release.json, then a build of the repository's sources in a scratch
-    folder (`scratch`, which must not exist yet, or a new temporary one) against release.json. Returns the
-    differences, empty when the release is intact and rebuilds byte for byte. Progress goes to stderr; the scratch
-    folder is removed unless `keep_scratch`."""
+class SignatureRefused(MobileBuildError):
+    """release.json is not signed by a trusted key: nothing in the release can be taken on its word."""
+
+
+def signing_key_from_environment(value=None):
+    """The release key: `value` (its text or file), else $MOBILEBUILD_RELEASE_SIGNING_KEY; None when neither."""
+    value = value or os.environ.get(SIGNING_KEY_VARIABLE, "").strip()
+    return signing.PrivateKey.load(value, SIGNING_KEY_VARIABLE) if value else None
+
+
+def check_signature(release_dir, trusted_keys):
+    """Return the name of the trusted key that signed release.json; raise SignatureRefused (one line naming
+    release.json) when none did."""
+    path = Path(release_dir) / RELEASE_FILE
+    read_release(release_dir)
+    try:
+        signature = json.loads((Path(release_dir) / SIGNATURE_FILE).read_text())
+    except (OSError, ValueError):
+        signature = None
+    try:
+        trusted_keys.verify(signature, path.read_bytes(), unsigned=f"unsigned (no valid {SIGNATURE_FILE} beside it)",
+                            altered="the file was changed after it was signed")
+    except signing.BadSignature as exc:
+        raise SignatureRefused(f"{path}: {exc}") from None
+    return signature["key"]
+
+
+def check_release_folder(release_dir, document):
+    """The released files, the provenance among them, that differ from what release.json says, and the files it
+    does not list. Raises MobileBuildError for an intact provenance file that is not valid SLSA provenance."""
+    release_dir = Path(release_dir)
+    listed = dict(document["files"])
+    recorded = document.get("provenance")
+    if recorded:
+        listed[recorded["path"]] = recorded
+    differences = []
+    for path, entry in sorted(listed.items()):
+        released = release_dir / path
+        got = store.sha256_file(released) if released.is_file() else None
+        if got != entry["sha256"]:
+            differences.append(Difference(path, entry["sha256"], got, "release"))
+    for released in sorted(release_dir.rglob("*")):
+        path = released.relative_to(release_dir).as_posix()
+        if released.is_file() and path not in (RELEASE_FILE, SIGNATURE_FILE) and path not in listed:
+            differences.append(Difference(path, None, store.sha256_file(released), "release"))
+    if recorded and not any(difference.path == recorded["path"] for difference in differences):
+        provenance.validate(json.loads((release_dir / recorded["path"]).read_text()),
+                            f"{release_dir}/{recorded['path']}")
+    return differences
+
+
+def verify(root, release_dir, scratch=None, keep_scratch=False, trusted_keys=None):
+    """Check a release: its signature against `trusted_keys` (a signing.KeyRing; raises SignatureRefused), its files
+    against release.json, then a build of the repository's sources in a scratch folder (`scratch`, which must not
+    exist yet, or a new temporary one) against release.json. Returns the differences, empty when the release is
+    intact and rebuilds byte for byte. Progress goes to stderr; the scratch folder is removed unless
+    `keep_scratch`."""
     root, release_dir = Path(root).resolve(), Path(release_dir).resolve()
-    files = read_release(release_dir)["files"]
-    differences = _check_release_folder(release_dir, files)
+    document = read_release(release_dir)
+    if trusted_keys:
+        _progress(f"{RELEASE_FILE} signed by {check_signature(release_dir, trusted_keys)}")
+    files = document["files"]
+    differences = check_release_folder(release_dir, document)
     scratch = _new_scratch(scratch)
     try:
         sources = repository_files(root, exclude=[release_dir, scratch])
@@ -340,20 +424,6 @@ def read_release(release_dir):
     if document.get("format") != FORMAT or not isinstance(document.get("files"), dict):
         raise MobileBuildError(f"{release_dir}/{RELEASE_FILE} is not a release description of format {FORMAT}")
     return document
-
-
-def _check_release_folder(release_dir, files):
-    differences = []
-    for path, entry in sorted(files.items()):
-        released = release_dir / path
-        got = store.sha256_file(released) if released.is_file() else None
-        if got != entry["sha256"]:
-            differences.append(Difference(path, entry["sha256"], got, "release"))
-    for released in sorted(release_dir.rglob("*")):
-        path = released.relative_to(release_dir).as_posix()
-        if released.is_file() and path != RELEASE_FILE and path not in files:
-            differences.append(Difference(path, None, store.sha256_file(released), "release"))
-    return differences
 
 
 def _new_scratch(scratch):
@@ -449,10 +519,13 @@ def release_command(argv, root="."):
                         "xnnpack, or <recipe>-<id> (repeatable; default: every target)")
     parser.add_argument("--allow-failed", action="store_true", help="release targets that failed or lack "
                         "verification too")
+    parser.add_argument("--signing-key", metavar="KEY", help="sign release.json with this Ed25519 private key (its "
+                        f"file, as `mobilebuild keygen` writes it; default: ${SIGNING_KEY_VARIABLE})")
     options = parser.parse_args(argv)
     refused = []
     try:
-        document = collect(root, options.out, options.recipe, options.target, options.allow_failed)
+        key = signing_key_from_environment(options.signing_key)
+        document = collect(root, options.out, options.recipe, options.target, options.allow_failed, key)
     except Refused as exc:
         document, refused = exc.document, exc.errors
     except RecipeErrors as exc:
@@ -467,23 +540,39 @@ def release_command(argv, root="."):
         print(f"{path}  {entry['sha256']}  {entry['bytes']} bytes  verification: "
               f"{(entry['verification'] or {}).get('status', 'none')}")
     if files:
-        print(f"released {len(files)} files to {options.out}")
+        print(f"released {len(files)} files to {options.out}" + (f", signed by {key.name}" if key else ""))
     for error in refused:
         print(f"mobilebuild release: {error}", file=sys.stderr)
     return 1 if refused else 0
 
 
 def verify_release_command(argv, root="."):
-    parser = argparse.ArgumentParser(prog="mobilebuild verify-release", description="Rebuild the repository in a "
-                                     "scratch folder and compare it, and the release's own files, with "
-                                     f"{RELEASE_FILE}.")
+    parser = argparse.ArgumentParser(prog="mobilebuild verify-release", description=f"Check {RELEASE_FILE}'s "
+                                     "signature and the release's files against it, then rebuild the repository "
+                                     "in a scratch folder and compare.")
     parser.add_argument("release", type=Path, help="the release folder")
+    parser.add_argument("--trusted-key", action="append", metavar="NAME:BASE64", help="a public key the release "
+                        f"may be signed with (repeatable; default: ${TRUSTED_KEYS_VARIABLE})")
+    parser.add_argument("--signature-only", action="store_true", help="check the signature and every file's hash, "
+                        "and rebuild nothing (seconds)")
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch build")
     parser.add_argument("--scratch", type=Path, help="build here (a folder that does not exist yet) instead of in "
                         "a temporary folder")
     options = parser.parse_args(argv)
     try:
-        differences = verify(root, options.release, options.scratch, options.keep_scratch)
+        trusted = signing.KeyRing.parse(options.trusted_key or [os.environ.get(TRUSTED_KEYS_VARIABLE, "")],
+                                        "--trusted-key")
+        if options.signature_only and not trusted:
+            raise MobileBuildError(f"--signature-only needs the release key's public key: --trusted-key "
+                                   f"NAME:BASE64 (or ${TRUSTED_KEYS_VARIABLE})")
+        if options.signature_only:
+            signer = check_signature(options.release, trusted)
+            differences = check_release_folder(options.release, read_release(options.release))
+        else:
+            differences = verify(root, options.release, options.scratch, options.keep_scratch, trusted)
+    except SignatureRefused as exc:
+        print(f"mobilebuild verify-release: {exc}", file=sys.stderr)
+        return 1
     except MobileBuildError as exc:
         print(f"mobilebuild verify-release: {exc}", file=sys.stderr)
         return 2
@@ -492,7 +581,12 @@ def verify_release_command(argv, root="."):
     if differences:
         return 1
     count = len(read_release(options.release)["files"])
-    print(f"{options.release}: {count} files intact and rebuilt byte for byte")
+    if options.signature_only:
+        print(f"{options.release}: signed by {signer}; {count} files and the provenance match {RELEASE_FILE} (not "
+              "rebuilt: --signature-only)")
+    else:
+        checked = "signature checked" if trusted else "signature not checked: no --trusted-key"
+        print(f"{options.release}: {count} files intact and rebuilt byte for byte ({checked})")
     return 0
 
 

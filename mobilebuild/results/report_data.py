@@ -19,11 +19,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 from mobilebuild.plan import routes
+from mobilebuild.plan.routes import mapping as _dict  # a level of an untrusted file: a dict, or an empty one
+from mobilebuild.plan.routes import text as _text  # a fact as a cell: NONE where absent
 
 TITLE = "mobilebuild report"
 EAGER = "eager"  # the benchmarks key of the eager fp32 baseline
 EAGER_LABEL = "eager fp32"
-NONE = "—"  # a value that is absent or does not apply; the reason, when known, is given beside the table
+NONE = routes.NONE  # a value that is absent or does not apply; the reason, when known, is given beside the table
 PLOTS_DIR = "plots"
 
 # (label, must be at least / at most) for the verification thresholds, in the table's column order; unknown
@@ -34,6 +36,8 @@ THRESHOLDS = {
     "max_rel_error": ("max rel. error", "<="),
     "top1_agreement": ("top-1 agreement", ">="),
     "accuracy_drop": ("accuracy drop", "<="),
+    "agreement": ("greedy agreement", ">="),  # a language model's (generate:)
+    "perplexity_ratio": ("perplexity ratio", "<="),
 }
 STATE_ORDER = ("passed", "failed", "not run on host", "not verified")
 RELAXED = "passed (relaxed)"  # passed, against thresholds the recipe set looser than the defaults
@@ -47,10 +51,6 @@ def _get(mapping, key):
     return mapping.get(key) if isinstance(mapping, dict) else None
 
 
-def _dict(value):
-    return value if isinstance(value, dict) else {}
-
-
 def _number(value):
     """A real number as a float, else None (null, a string, a boolean: nothing to compute with)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -62,10 +62,6 @@ def finite(value):
     """A number that can be plotted and divided: timings and sizes, where inf or nan mean a broken record."""
     value = _number(value)
     return value if value is not None and math.isfinite(value) else None
-
-
-def _text(value):
-    return NONE if value is None or value == "" else str(value)
 
 
 @dataclass
@@ -295,6 +291,7 @@ class Section:
     no_plots: str | None = None
     layers: Table | None = None  # per int8 target, the layers that add the most error (worker/stages/layers.py)
     layers_notes: list[str] = field(default_factory=list)  # how each target's layers were compared, what failed
+    generation: Table | None = None  # a language model's (generate:) token-by-token results, eager first
 
 
 @dataclass
@@ -477,7 +474,7 @@ def _spread(row):
 
 
 def _overlap(first, second):
-    """Whether two host medians are closer than their spread: each inside the other's p10-p90."""
+    """Whether two host medians are closer than their spread: either inside the other's p10-p90."""
     (low, high), (other_low, other_high) = _spread(first), _spread(second)
     return other_low <= first.median_ms <= other_high or low <= second.median_ms <= high
 
@@ -509,10 +506,10 @@ def recommend(rows):
         lines.append(_host_caveat(candidates))
         tied = [row for row in candidates[1:] if _overlap(best, row)]
         if tied:
-            lines.append(f"Not told apart by this run: {best.label}'s median and "
-                         + ", ".join(f"{row.label}'s ({two_or_three_decimals(row.median_ms)} ms)" for row in tied)
-                         + " lie within each other's p10-p90 spread of timed iterations; choose among them by size "
-                           "or quality, or time them on the device.")
+            lines.append(f"Not told apart by this run: {best.label} and "
+                         + ", ".join(f"{row.label} ({two_or_three_decimals(row.median_ms)} ms)" for row in tied)
+                         + ", whose medians lie within the other's p10-p90 spread of timed iterations; choose among "
+                           "them by size or quality, or time them on the device.")
         families = {}
         for row in candidates:
             families.setdefault(family(row), row)
@@ -674,11 +671,45 @@ def _section(manifest):
     section = Section(recipe, rows, about, recommend(rows), _main_table(rows), _details_table(rows),
                       _failures(rows), _notes(rows))
     section.layers, section.layers_notes = _layers(manifest, rows)
+    section.generation = _generation(rows)
     if any(row.median_ms is not None for row in rows):
         section.plot = plot_name(recipe)
     else:
         section.no_plots = "No plots: no benchmark ran for this recipe."
     return section
+
+
+GENERATION_TITLE = ("Generation, token by token (a language model with its KV cache; the main table's latency is one "
+                    "decode step): time to first token per prompt length, greedy agreement with eager, the lowest "
+                    "logits SQNR, held-out perplexity")
+
+
+def _per_length(row, key, digits):
+    lengths = _dict(_get(row.benchmark, "prompt_lengths"))
+    return ", ".join(f"{length}: {_fixed(_get(values, key), digits)}" for length, values in lengths.items()) or NONE
+
+
+GENERATION_COLUMNS = [
+    Column("target", "", False, lambda row: row.label),
+    Column("precision", "", False, lambda row: _text(row.precision)),
+    Column("status", "", False, lambda row: row.status),
+    Column("size (MB)", "", True, lambda row: _megabytes(row.size_bytes)),
+    Column("TTFT ms (prompt length: ms)", "", True, lambda row: _per_length(row, "ttft_ms", 2)),
+    Column("decode tokens/s", "", True, lambda row: _fixed(finite(_get(row.benchmark, "decode_tokens_per_s")), 0)),
+    Column("peak RSS (MB)", "", True, lambda row: _fixed(finite(_get(row.benchmark, "peak_rss_mb")), 0)),
+    Column("greedy agreement", "", True, lambda row: _fixed(row.metric("agreement"), 3)),
+    Column("SQNR (dB)", "", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
+    Column("perplexity", "", True, lambda row: _fixed(row.metric("perplexity_artifact"), 3)),
+    Column("eager perplexity", "", True, lambda row: _fixed(row.metric("perplexity_eager"), 3)),
+]
+
+
+def _generation(rows):
+    """The token-by-token table of a language model's recipe, or None for any other."""
+    if not any(_get(row.benchmark, "generation") or _get(row.verification, "generation") for row in rows):
+        return None
+    return Table(GENERATION_COLUMNS, [[column.cell(row) for column in GENERATION_COLUMNS] for row in rows],
+                 [row.state for row in rows])
 
 
 LAYERS_TITLE = "Worst layers of the int8 artifacts (each layer fed the float model's inputs; lowest SQNR first)"

@@ -2,7 +2,15 @@
 
 import html
 
-from mobilebuild.results.report_data import LAYERS_TITLE, RELAXED, TITLE, file_stem, plot_href, plot_title
+from mobilebuild.results.report_data import (
+    GENERATION_TITLE,
+    LAYERS_TITLE,
+    RELAXED,
+    TITLE,
+    file_stem,
+    plot_href,
+    plot_title,
+)
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; color: #1f2328;
@@ -88,6 +96,8 @@ def render(report):
         if section.details:
             out += ["<details>", "<summary>Details: compression, more metrics, the graph</summary>"]
             out += _table(section.details) + ["</details>"]
+        if section.generation:
+            out += [f"<h3>{e(GENERATION_TITLE)}</h3>"] + _table(section.generation)
         if section.layers or section.layers_notes:
             out += ["<details>", f"<summary>{e(LAYERS_TITLE)}</summary>"]
             out += _table(section.layers) if section.layers else []

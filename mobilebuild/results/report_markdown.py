@@ -1,6 +1,6 @@
 """report.md: the report (report_data) in Markdown. No torch here."""
 
-from mobilebuild.results.report_data import LAYERS_TITLE, TITLE, plot_href, plot_title
+from mobilebuild.results.report_data import GENERATION_TITLE, LAYERS_TITLE, TITLE, plot_href, plot_title
 
 
 def _one_line(text):
@@ -36,6 +36,8 @@ def render(report):
         lines += _table(section.table)
         if section.details:
             lines += ["**Details:**", ""] + _table(section.details)
+        if section.generation:
+            lines += [f"**{GENERATION_TITLE}:**", ""] + _table(section.generation)
         if section.layers or section.layers_notes:
             lines += [f"**{LAYERS_TITLE}:**", ""] + (_table(section.layers) if section.layers else [])
             lines += _list(section.layers_notes) + [""]

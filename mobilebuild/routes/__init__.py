@@ -11,5 +11,6 @@ from mobilebuild.routes import torchscript  # noqa: I001
 from mobilebuild.routes import nnapi
 from mobilebuild.routes import executorch
 from mobilebuild.routes import onnx
+from mobilebuild.routes import litert
 
-__all__ = ["executorch", "nnapi", "onnx", "torchscript"]
+__all__ = ["executorch", "litert", "nnapi", "onnx", "torchscript"]

@@ -5,8 +5,8 @@ mobilebuild.worker.runtimes.executorch, mobilebuild.worker.pte."""
 
 from dataclasses import dataclass, replace
 
-from mobilebuild.plan import stages
-from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan import generation, stages
+from mobilebuild.plan.routes import Checks, Generation, Int8, Route, Runtime, Section, mapping, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 from mobilebuild.routes.torchscript import TORCH_OBSERVERS
@@ -143,6 +143,18 @@ stages.register(stages.Stage(
     recipe_fields={"options": "targets.executorch", "delegate": "targets.executorch.delegate",
                    "mode": "quantize.mode"}))
 
+def lm_lower(chain):
+    return chain.shipped("lm_lower", generation.export_config(chain), {"checkpoint": chain.nodes["checkpoint"]},
+                         files=chain.source_files)
+
+
+# A language model (generate:): transformers' static-cache export, ExecuTorch's own torchao quantization of its
+# linear layers (8da4w, 8da8w), lowered to XNNPACK (worker side: mobilebuild.worker.stages.lm_lower)
+stages.register(stages.Stage(
+    "lm_lower", generation.LMExportConfig, {"checkpoint": ("checkpoint",)},
+    "Language models as ExecuTorch programs (.pte) with a static KV cache, lowered to XNNPACK.", "#9fc5e8",
+    plan=lm_lower, recipe_fields=generation.recipe_fields(generation.LMExportConfig)))
+
 SECTION = Section("executorch", SCHEMA)
 CHECKS = Checks(preflight=preflight, hint=layout_hint, outputs=outputs)
 
@@ -155,7 +167,7 @@ def runtime(device_only=None):
 register(Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
                "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)", runtime(),
                int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES, fixed_shapes=INT8_FIXED),
-               delegate="xnnpack", section=SECTION,
+               delegate="xnnpack", section=SECTION, generation=Generation("lm_lower", ("fp32", "8da4w", "8da8w")),
                checks=replace(CHECKS, layers=pt2e_layers, layer_methods={"pt2e": "PT2E numeric debugger"})))
 register(Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte", "GPU through ExecuTorch's Vulkan delegate",
                runtime("a device with a Vulkan GPU and ExecuTorch's Vulkan runtime"), delegate="vulkan",

@@ -4,8 +4,8 @@ side: mobilebuild.worker.stages.export, mobilebuild.worker.runtimes.onnxruntime.
 
 from dataclasses import dataclass
 
-from mobilebuild.plan import stages
-from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, register, text
+from mobilebuild.plan import generation, stages
+from mobilebuild.plan.routes import Checks, Generation, Int8, Route, Runtime, Section, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 
@@ -91,10 +91,22 @@ stages.register(stages.Stage(
     "ONNX models (.onnx), int8 through onnxruntime's static or dynamic quantization.", "#a2c4c9", plan=export,
     recipe_fields={"options": "targets.onnx", "mode": "quantize.mode"}))
 
+def lm_export(chain):
+    return chain.shipped("lm_onnx", generation.export_config(chain), {"checkpoint": chain.nodes["checkpoint"]},
+                         files=chain.source_files)
+
+
+# A language model (generate:): one step of the model with its static KV cache as inputs and outputs (worker side:
+# mobilebuild.worker.stages.lm_onnx); int8: onnxruntime's dynamic quantization of its weights; int4: its MatMulNBits
+stages.register(stages.Stage(
+    "lm_onnx", generation.LMExportConfig, {"checkpoint": ("checkpoint",)},
+    "Language models as ONNX (.onnx) with past key/values as inputs and outputs.", "#a2c4c9", plan=lm_export,
+    recipe_fields=generation.recipe_fields(generation.LMExportConfig)))
+
 register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
                "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
                Runtime("onnxruntime", "ONNX Runtime", packages=PACKAGES, package="onnxruntime", structure=structure),
                int8=Int8("final", observers=ORT_OBSERVERS, modes=MODES), section=Section("onnx", SCHEMA),
-               default=True,
+               default=True, generation=Generation("lm_onnx", ("fp32", "int8", "int4")),
                checks=Checks(preflight=preflight, outputs=outputs, layers=node_layers,
                              layer_methods={"onnx": "ONNX Runtime, node by node"})))

@@ -128,6 +128,9 @@ class Session:
             raise Refused(f"{file}: --target: no target {options.target!r} in the recipe (its targets: "
                           f"{', '.join(ids)})")
         self.target = target
+        if self.recipe.generate:
+            raise Refused(f"{file}: generate: tune does not choose settings for language models yet: set "
+                          "generate.group_size or a precision per target (docs/llm.md)")
         self.route = routes.route_for(target, file)
         int8 = [t.id for t in self.recipe.targets if routes.route_for(t, file).precision(t) == "int8"
                 and routes.route_for(t, file).runs_on_host]

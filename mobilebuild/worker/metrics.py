@@ -10,8 +10,8 @@ import math
 SQNR_CEILING_DB = 300.0
 
 # A metric either must reach a threshold (at least) or must stay under it (at most).
-AT_LEAST = ("sqnr_db", "cosine", "top1_agreement")
-AT_MOST = ("max_rel_error", "accuracy_drop")
+AT_LEAST = ("sqnr_db", "cosine", "top1_agreement", "agreement")  # agreement, perplexity_ratio: language models
+AT_MOST = ("max_rel_error", "accuracy_drop", "perplexity_ratio")
 
 
 def _flat(tensor):

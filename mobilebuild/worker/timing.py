@@ -19,13 +19,13 @@ from mobilebuild.worker import measure_alone, progress, quiet, runtimes, serve
 from mobilebuild.worker.stages import modeling
 
 
-def measure_into(spec, connection):
+def measure_into(spec, connection, measure_with=None):
     """The forked process's work: measure in the build's repository (the eager reference is built by the recipe's
-    factory, which imports from there), send the result."""
+    factory, which imports from there), send the result. `measure_with`: another measurement (a language model's)."""
     serve.enter_root(spec["root"])
     try:
         with quiet.native_stderr(once=True, python_too=False):  # C++ warnings come at every call: once each
-            result = measure(spec)
+            result = (measure_with or measure)(spec)
     except MobileBuildError as exc:
         result = {"error": exc.message}
     except (RuntimeError, ValueError) as exc:  # the runtime refuses to run it: one line, not a traceback
@@ -34,7 +34,7 @@ def measure_into(spec, connection):
     connection.close()
 
 
-def _reset_peak_rss():
+def reset_peak_rss():
     try:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # Linux: the high-water mark becomes the current RSS
@@ -42,7 +42,7 @@ def _reset_peak_rss():
         pass
 
 
-def _peak_rss_mb():
+def peak_rss_mb():
     try:
         with open("/proc/self/status") as status:
             return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
@@ -53,7 +53,7 @@ def _peak_rss_mb():
 def measure(spec):
     config = spec["config"]
     timing = config.timing
-    _reset_peak_rss()
+    reset_peak_rss()
     torch.set_num_threads(timing["threads"])
     example = modeling.example_inputs(config.inputs)  # one example, reused: the recipe's Android advice
     samples = []
@@ -81,6 +81,6 @@ def measure(spec):
         "mean_ms": statistics.fmean(samples),
         "stdev_ms": statistics.stdev(samples) if len(samples) > 1 else 0.0,
         "load_ms": load_ms,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
         "threads": torch.get_num_threads(),
     }

@@ -21,3 +21,10 @@ def inspect(path, config):
     """The runtime's host-checkable facts about the artifact, or None when it has none to give."""
     module = _module(config)
     return module.inspect(path, config) if hasattr(module, "inspect") else None
+
+
+def load_generator(path, config, eager=False):
+    """A language model a step at a time (worker/lm.py): the artifact in its runtime, or with `eager` the eager
+    model from its checkpoint."""
+    module = importlib.import_module(f"{__name__}.eager") if eager else _module(config)
+    return module.generator(path, config)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from mobilebuild.errors import MobileBuildError, few
-from mobilebuild.worker import pte
+from mobilebuild.worker import export_llm, pte
 from mobilebuild.worker.quiet import native_stderr, quiet
 
 CHANNELS_LAST_DIM_ORDER = [0, 2, 3, 1]
@@ -136,3 +136,35 @@ def inspect(path, config):
     program = pte.read(path)
     made = {"made": program.record} if program.record is not None else {}
     return {"delegation": program.delegation, "bytes": Path(path).stat().st_size, **made}
+
+
+class Generator:
+    """A language model's program (lm_lower) a step at a time (worker/lm.py), the KV cache kept in the program's
+    own buffers between calls. Two layouts: transformers' (input_ids [1, T], cache_position [T]) -> the logits of
+    every position; export_llm's (tokens [1, T], input_pos [1]) -> the last position's."""
+
+    def __init__(self, data):
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels)
+
+        self.program, self.method = load_method(data)
+        self.all_positions = export_llm.METADATA_METHOD not in self.program.method_names
+        self.checked = False
+
+    def forward(self, tokens, position):
+        positions = (torch.arange(position, position + tokens.shape[1]) if self.all_positions
+                     else torch.tensor([position]))
+        arguments = [tokens.contiguous(), positions]
+        if self.checked:
+            found = self.method.execute(arguments)[0]
+        else:
+            found = _explained(lambda: self.method.execute(arguments), "fails")[0]
+            self.checked = True
+        return found if self.all_positions else found.view(1, 1, -1)
+
+
+def generator(path, config):
+    """`path`: a .pte file, or its bytes."""
+    data = Path(path).read_bytes() if isinstance(path, (str, Path)) else path
+    with without_cpuinfo_notes():
+        _set_threads(config)
+    return Generator(data)

@@ -7,6 +7,7 @@ timings.
 
 import collections
 
+import numpy
 import onnx
 import onnxruntime
 import torch
@@ -105,3 +106,25 @@ def inspect(path, config):
         "inputs": [_value_facts(value) for value in graph.input],
         "outputs": [_value_facts(value) for value in graph.output],
     }
+
+
+class Generator:
+    """A language model's ONNX step (lm_onnx) a step at a time (worker/lm.py): the KV cache's arrays go in as
+    past_* and come back as present_*, kept here between calls."""
+
+    def __init__(self, session):
+        self.session = session
+        self.cache_inputs = [value for value in session.get_inputs() if value.name.startswith("past_")]
+        self.cache = None
+
+    def forward(self, tokens, position):
+        if position == 0 or self.cache is None:
+            self.cache = [numpy.zeros(value.shape, dtype=numpy.float32) for value in self.cache_inputs]
+        feeds = {"input_ids": tokens.numpy(), "cache_position": numpy.arange(position, position + tokens.shape[1]),
+                 **{value.name: array for value, array in zip(self.cache_inputs, self.cache)}}
+        logits, *self.cache = self.session.run(None, feeds)
+        return torch.from_numpy(logits)
+
+
+def generator(path, config):
+    return Generator(load(path, config).session)

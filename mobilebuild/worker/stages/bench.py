@@ -23,15 +23,17 @@ def host():
     return {"cpu": cpu, "machine": platform.machine(), "cores": os.cpu_count(), "system": platform.system()}
 
 
-def time_in_subprocess(spec):
-    """timing.measure in a process of its own, forked from a server that imported torch once for this stage worker:
-    a fresh interpreter per benchmark spent 2.4 s starting and ending. Its stderr (progress) is the build's."""
+def time_in_subprocess(spec, measure=None):
+    """timing.measure (or `measure`, a module-level function of the same form) in a process of its own, forked from
+    a server that imported torch once for this stage worker: a fresh interpreter per benchmark spent 2.4 s starting
+    and ending. Its stderr (progress) is the build's."""
     from mobilebuild.worker import timing
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["mobilebuild.worker.timing"])
     receiving, sending = context.Pipe(duplex=False)
-    process = context.Process(target=timing.measure_into, args=({**spec, "root": os.getcwd()}, sending))
+    process = context.Process(target=timing.measure_into,
+                              args=({**spec, "root": os.getcwd()}, sending, measure or timing.measure))
     process.start()
     sending.close()
     with receiving:

@@ -124,6 +124,23 @@ def holdout(calibration, specs, samples):
     return tuple(torch.cat(parts)[:samples] for parts in zip(*kept))
 
 
+def at_example_sizes(settings, specs, needs):
+    """The recipe's calibration batches (`settings`: its quantize.calibration) as tuples of contiguous tensors in
+    forward's order, those at the inputs' example sizes only: a graph captured at those sizes takes no others.
+    `needs`: who needs them, for the error where no batch has those sizes."""
+    where = field(settings)
+    samples = [tuple(x.contiguous() for x in modeling.as_inputs(batch, specs, where))
+               for batch in batches(settings, specs)]
+    if not samples:
+        raise MobileBuildError("calibration produced no batches", field=where)
+    example = [modeling.shape_at(spec) for spec in specs]
+    at_example = [sample for sample in samples if [list(x.shape) for x in sample] == example]
+    if not at_example:
+        raise MobileBuildError(f"no calibration batch has the example sizes ({modeling.describe_inputs(specs)} at "
+                               f"{example}), which {needs}", field=where)
+    return at_example
+
+
 def field(calibration):
     """The recipe setting a bad batch is the fault of: the user's function when the batches come from one."""
     return "quantize.calibration.function" if calibration.get("source") == "function" else "quantize.calibration"

@@ -189,19 +189,10 @@ def dynamic_shapes(specs):
 
 
 def calibration_samples(settings, specs):
-    """The recipe's calibration batches (`settings`: its quantize.calibration) as ExecuTorch's example inputs
-    (tuples), in the inputs' layout. The program's fixed sizes are the inputs'; of a model with dynamic dims, only
-    the batches at the example sizes calibrate: PT2E runs them through the graph it captured at those sizes."""
-    field = calibration.field(settings)
-    samples = [in_layout(modeling.as_inputs(batch, specs, field)) for batch in calibration.batches(settings, specs)]
-    if not samples:
-        raise MobileBuildError("calibration produced no batches", field=field)
-    example = [modeling.shape_at(spec) for spec in specs]
-    at_example = [sample for sample in samples if [list(x.shape) for x in sample] == example]
-    if not at_example:
-        raise MobileBuildError(f"no calibration batch has the example sizes ({modeling.describe_inputs(specs)} at "
-                               f"{example}), which ExecuTorch's int8 calibration needs", field=field)
-    return at_example
+    """The recipe's calibration batches as ExecuTorch's example inputs (tuples), in the layout the program is
+    exported for (NCHW: contiguous). Of a model with dynamic dims, only the batches at the example sizes calibrate:
+    PT2E runs them through the graph it captured at those sizes."""
+    return calibration.at_example_sizes(settings, specs, "ExecuTorch's int8 calibration needs")
 
 
 # --- lowering ----------------------------------------------------------------------------------------------

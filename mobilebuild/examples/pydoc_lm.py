@@ -1,0 +1,45 @@
+"""A tiny Llama-architecture language model trained in the build on text that ships with Python: the help topics
+of `pydoc_data.topics` (the text `help("FOR")` prints). Byte-level tokens (token id = byte), so no tokenizer is
+needed; the last tenth of the text is held out for the verification's prompts and perplexity. Deterministic:
+seeded, one thread, a fixed number of steps.
+"""
+
+import torch
+
+VOCABULARY = 256  # bytes
+HELDOUT = 0.1  # the last tenth of the text: never trained on
+WINDOW = 64  # tokens per training sequence
+
+
+def _text():
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics[name] for name in sorted(topics)).encode("utf-8")
+
+
+def _split():
+    data = torch.frombuffer(bytearray(_text()), dtype=torch.uint8).to(torch.int64)
+    cut = int(len(data) * (1 - HELDOUT))
+    return data[:cut], data[cut:]
+
+
+def heldout():
+    """The held-out bytes as token ids (generate.text)."""
+    return _split()[1][:8192]
+
+
+def train(model, steps=300, batch=16, learning_rate=3e-3):
+    """Next-byte prediction with AdamW on random windows of the training text; returns the model."""
+    text = _split()[0]
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(text) - WINDOW - 1, (batch,), generator=generator)
+        windows = torch.stack([text[start:start + WINDOW + 1] for start in starts.tolist()])
+        logits = model(windows[:, :-1])["logits"]  # the build's model takes input_ids by position
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()

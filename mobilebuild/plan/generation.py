@@ -1,0 +1,136 @@
+"""Decoder-only language models (a recipe with `generate:`): each target's chain from the checkpoint to an artifact
+with a static KV cache (the route's `Generation.stage`), its verification token by token against the eager model
+and its timing (time to first token, decode tokens per second). Names, settings and paths only.
+
+What each node reads is what keys it: `generate.max_context` reaches the artifact, its verification and its timing;
+prompt lengths, new tokens and held-out text only the verification and timing; `group_size` only quantized artifacts.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+from mobilebuild.plan import routes, stages
+from mobilebuild.plan.chain import source_files
+from mobilebuild.plan.settings import ModelSource
+
+VERIFY, BENCH = "lm_verify", "lm_bench"
+GROUPED = ("8da4w", "int4")  # weights quantized in groups of generate.group_size
+
+# What a target must reach when the recipe sets no thresholds for its precision (generate.thresholds). On the
+# bundled tiny Llama, one build: fp32 120-125 dB, every token agreeing; int8 weights 35 dB; 8da4w and int4 about
+# 24 dB with about three quarters of the tokens agreeing; perplexity within 0.5%.
+DEFAULT_THRESHOLDS = {
+    "fp32": {"sqnr_db": 40.0, "agreement": 0.9, "perplexity_ratio": 1.01},
+    "int8": {"sqnr_db": 15.0, "agreement": 0.5, "perplexity_ratio": 1.1},
+    "8da8w": {"sqnr_db": 15.0, "agreement": 0.5, "perplexity_ratio": 1.1},
+    "8da4w": {"sqnr_db": 8.0, "agreement": 0.25, "perplexity_ratio": 1.3},
+    "int4": {"sqnr_db": 8.0, "agreement": 0.25, "perplexity_ratio": 1.3},
+}
+FIELDS = {"max_context": "generate.max_context", "prompt_lengths": "generate.prompt_lengths",
+          "new_tokens": "generate.new_tokens", "prompts": "generate.prompts", "text": "generate.text",
+          "group_size": "generate.group_size", "seed": "generate.seed", "thresholds": "generate.thresholds"}
+
+
+@dataclass(frozen=True)
+class LMExportConfig:
+    """A route's generative stage: the causal LM from its checkpoint, with a static KV cache of max_context."""
+
+    model: ModelSource
+    precision: str
+    max_context: int
+    group_size: int | None = None  # grouped weight quantization only
+
+
+@dataclass(frozen=True)
+class LMVerifyConfig:
+    runtime: str
+    runtime_module: str
+    model: ModelSource
+    precision: str
+    max_context: int
+    prompt_lengths: list
+    new_tokens: int
+    prompts: int
+    text: str | None  # held-out token ids: "module:function", or None for seeded random ones
+    seed: int
+    thresholds: dict
+    default_thresholds: dict
+
+
+@dataclass(frozen=True)
+class LMBenchConfig:
+    runtime: str
+    runtime_module: str
+    model: ModelSource
+    max_context: int
+    prompt_lengths: list
+    new_tokens: int
+    timing: dict  # warmup, iters, threads (recipe.benchmark)
+
+
+def recipe_fields(config):
+    """The generate: fields behind a stage's settings (stages.recipe_field)."""
+    return {name: FIELDS[name] for name in (setting.name for setting in dataclasses.fields(config)) if name in FIELDS}
+
+
+def export_config(chain):
+    """The settings of a route's generative stage for this target."""
+    generate = chain.recipe.generate
+    return LMExportConfig(model=chain.source, precision=chain.precision, max_context=generate["max_context"],
+                          group_size=generate["group_size"] if chain.precision in GROUPED else None)
+
+
+def _verify_config(chain, runtime):
+    generate = chain.recipe.generate
+    defaults = DEFAULT_THRESHOLDS[chain.precision]
+    return LMVerifyConfig(
+        **runtime, model=chain.source, precision=chain.precision, max_context=generate["max_context"],
+        prompt_lengths=generate["prompt_lengths"], new_tokens=generate["new_tokens"], prompts=generate["prompts"],
+        text=generate.get("text"), seed=generate["seed"],
+        thresholds={**defaults, **generate.get("thresholds", {}).get(chain.precision, {})},
+        default_thresholds=defaults)
+
+
+def bench_config(recipe, runtime, source):
+    generate = recipe.generate
+    return LMBenchConfig(**runtime, model=source, max_context=generate["max_context"],
+                         prompt_lengths=generate["prompt_lengths"], new_tokens=generate["new_tokens"],
+                         timing={key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")})
+
+
+def target_nodes(chain, root):
+    """(the artifact's node, its verification and timing nodes, the manifest's entry) of a language model target."""
+    recipe, route, target = chain.recipe, chain.route, chain.target
+    final = stages.get(route.generation.stage).planner()(chain)
+    runtime = {"runtime": route.runs.name, "runtime_module": route.runs.module_path}
+    text_files = source_files(root, recipe.generate.get("text"))
+    name = f"{recipe.name}-{target.id}"
+    verify = chain.node(VERIFY, name, _verify_config(chain, runtime),
+                        {"artifact": final, "checkpoint": chain.nodes["checkpoint"]},
+                        f"{chain.out}/verify-{target.id}.json", files=chain.source_files + text_files,
+                        fields=chain.fields)
+    bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source), {"artifact": final},
+                       f"{chain.out}/bench-{target.id}.json", fields=chain.fields)
+    entry = {"target": target.id, "backend": route.backend, "runtime": route.runtime, "precision": chain.precision,
+             "path": final.output, "runs_on_host": route.runs_on_host, "device_only": route.runs.device_only,
+             "delegate": final.config.get("delegate"), "pruning": None, "quantization": None,
+             "interpreter": final.interpreter, "fixed_shape": None, "generation": True}
+    return final, [verify, bench], entry
+
+
+def eager_bench_config(recipe, source):
+    """Eager transformers generation on the host (a DynamicCache, token by token): the timings' baseline."""
+    return bench_config(recipe, {"runtime": "eager", "runtime_module": f"{routes.RUNTIMES_PACKAGE}.eager"}, source)
+
+
+for _stage in (
+    stages.Stage(VERIFY, LMVerifyConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",)},
+                 "Compare each language model artifact with the eager model token by token on held-out prompts: "
+                 "logits SQNR at the prefill and each decode step, greedy agreement, perplexity.", "#d9d2e9",
+                 recipe_fields=recipe_fields(LMVerifyConfig)),
+    stages.Stage(BENCH, LMBenchConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",)},
+                 "Time each language model artifact (time to first token per prompt length, decode tokens/s, peak "
+                 "memory), and eager transformers generation, in a process of its own.", "#ead1dc", measures=True,
+                 recipe_fields=recipe_fields(LMBenchConfig)),
+):
+    stages.register(_stage)

@@ -1,0 +1,91 @@
+"""ExecuTorch's own LLM export (`export_llm`: its Llama definition, its custom SDPA-with-KV-cache op, XNNPACK) for a
+transformers Llama, where it fits: the lm_lower stage's fast path.
+
+On the bundled tiny Llama, export_llm's program decoded about 3x faster than transformers' static-cache export
+lowered the same way (most of the latter's operators, the mask and the cache update, run outside the delegate):
+benchmarks/llm_vs_export_llm.py. The weights are mapped to Meta's Llama names as ExecuTorch's own Qwen 2.5
+converter maps Hugging Face ones, `use_hf_rope` keeping transformers' rotary layout; verification compares the
+program with the transformers model, so a mapping that went wrong cannot pass.
+
+Its program takes (tokens [1, T], input_pos [1]) and returns the last position's logits [1, vocab]; an app runs it
+with a runtime that has ExecuTorch's custom ops kernels (`llama::custom_sdpa`, `llama::update_cache`), as the LLM
+runner does.
+"""
+
+import json
+import os
+
+import torch
+
+from mobilebuild.worker import quiet
+
+PRECISIONS = {"fp32": None, "8da4w": "8da4w"}  # ours -> export_llm's qmode
+HF_TO_META = {
+    "model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.{}.self_attn.q_proj.weight": "layers.{}.attention.wq.weight",
+    "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attention.wk.weight",
+    "model.layers.{}.self_attn.v_proj.weight": "layers.{}.attention.wv.weight",
+    "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attention.wo.weight",
+    "model.layers.{}.input_layernorm.weight": "layers.{}.attention_norm.weight",
+    "model.layers.{}.post_attention_layernorm.weight": "layers.{}.ffn_norm.weight",
+    "model.layers.{}.mlp.gate_proj.weight": "layers.{}.feed_forward.w1.weight",
+    "model.layers.{}.mlp.down_proj.weight": "layers.{}.feed_forward.w2.weight",
+    "model.layers.{}.mlp.up_proj.weight": "layers.{}.feed_forward.w3.weight",
+}
+METADATA_METHOD = "get_max_seq_len"  # a method export_llm's programs have, for the LLM runner
+
+
+def fits(model, precision):
+    """Whether export_llm's Llama builds this model exactly: a plain Llama (no biases, default rotary, the usual
+    head size) in a precision it makes."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or {}
+    return (config.model_type == "llama" and precision in PRECISIONS and not config.attention_bias
+            and not config.mlp_bias and rope.get("rope_type", "default") == "default"
+            and config.head_dim == config.hidden_size // config.num_attention_heads
+            and config.hidden_act == "silu")
+
+
+def meta_state(model):
+    """The transformers Llama's weights under Meta's names (a tied lm_head: the embedding's)."""
+    found = {}
+    for key, value in model.state_dict().items():
+        index = next((part for part in key.split(".") if part.isdigit()), None)
+        pattern = key.replace(f".{index}.", ".{}.") if index else key
+        found[HF_TO_META[pattern].format(index)] = value
+    found.setdefault("output.weight", found["tok_embeddings.weight"])
+    return found
+
+
+def params(config):
+    return {"dim": config.hidden_size, "n_layers": config.num_hidden_layers, "n_heads": config.num_attention_heads,
+            "n_kv_heads": config.num_key_value_heads, "vocab_size": config.vocab_size,
+            "hidden_dim": config.intermediate_size, "norm_eps": config.rms_norm_eps,
+            "rope_theta": config.rope_parameters["rope_theta"], "use_hf_rope": True}
+
+
+def program_bytes(model, precision, max_context, group_size, scratch):
+    """export_llm (export_llama with an LlmConfig, as its command line builds one) for the model's weights: KV cache
+    and custom SDPA on, the prompt's length dynamic, XNNPACK; 8da4w: its torchao quantization in groups."""
+    with quiet.native_stderr(dropped=b"I tokenizers:"):  # its tokenizers' registration note, at import
+        from executorch.examples.models.llama.export_llama_lib import export_llama
+        from executorch.extension.llm.export.config.llm_config import LlmConfig
+
+    checkpoint, settings = os.path.join(scratch, "meta.pth"), os.path.join(scratch, "params.json")
+    torch.save(meta_state(model), checkpoint)
+    with open(settings, "w") as handle:
+        json.dump(params(model.config), handle)
+    output = os.path.join(scratch, "export_llm.pte")
+    llm = LlmConfig()
+    llm.base.checkpoint, llm.base.params = checkpoint, settings
+    llm.model.use_kv_cache = llm.model.use_sdpa_with_kv_cache = llm.model.enable_dynamic_shape = True
+    llm.export.max_seq_length = llm.export.max_context_length = max_context
+    llm.export.output_dir, llm.export.output_name = scratch, output  # a name ending .pte is the path
+    llm.backend.xnnpack.enabled = llm.backend.xnnpack.extended_ops = True
+    if PRECISIONS[precision]:
+        llm.quantization.qmode, llm.quantization.group_size = PRECISIONS[precision], group_size
+    with quiet.quiet():
+        export_llama(llm)
+    with open(output, "rb") as handle:
+        return handle.read()

@@ -1,0 +1,175 @@
+"""Decoder-only language models with a static KV cache (a recipe with `generate:`), as the LM stages share them:
+the transformers causal LM from its checkpoint, its one-step module with the cache (transformers' own export
+wrapper for ExecuTorch, the cache as inputs and outputs for ONNX), the held-out prompts, and what a runtime's
+generator is.
+
+A generator (each runtime module's `generator(path, config)`) runs a model a step at a time: `forward(tokens,
+position)` takes token ids [1, T] written to the cache from `position` on and returns the logits [1, T, vocab] as a
+float32 tensor; a step at position 0 starts a new sequence.
+"""
+
+import torch
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import hub, named_inputs, quiet
+from mobilebuild.worker.stages import modeling
+
+
+def causal_lm(source, checkpoint):
+    """The recipe's causal LM with the checkpoint's weights, its own forward (not the build's binding by input
+    name), caching on: what the generative export and the eager reference take."""
+    with hub.quiet_transformers():
+        model = named_inputs.unbound(modeling.restore_model(source, checkpoint))
+    if not hasattr(model, "config") or not hasattr(model, "generation_config"):
+        raise MobileBuildError(f"a recipe with generate: needs a transformers causal LM (a PreTrainedModel with "
+                               f"generation, like AutoModelForCausalLM); got {type(model).__name__}", field="model")
+    for holder in hub._configs(model.config):
+        if hasattr(holder, "use_cache"):
+            holder.use_cache = True
+    return model.eval()
+
+
+def vocab_size(model):
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def cache_heads(model):
+    """(key/value heads, head size) of each layer's cache."""
+    from transformers.integrations.executorch import get_head_shapes
+
+    return get_head_shapes(model.config.get_text_config())
+
+
+def static_cache_module(model, max_context):
+    """transformers' own wrapper for ExecuTorch: forward(input_ids, cache_position) -> logits, the cache its
+    buffers, updated in place."""
+    from transformers import GenerationConfig
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static")
+    return TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_context)
+
+
+class CacheInOut(torch.nn.Module):
+    """One step of the model with its static cache as inputs and outputs (for runtimes without state, ONNX):
+    forward(input_ids, cache_position, *past) -> (logits, *present), past and present [1, heads, max_context, dim]
+    per layer, keys then values."""
+
+    def __init__(self, model, max_context):
+        super().__init__()
+        from transformers.cache_utils import StaticCache
+
+        self.model = model
+        self.cache = StaticCache(max_cache_len=max_context, config=model.config.get_text_config())
+        heads, dim = cache_heads(model)
+        self.cache.early_initialization(1, heads, dim, torch.float32, "cpu")
+
+    def forward(self, input_ids, cache_position, *past):
+        for index, layer in enumerate(self.cache.layers):
+            # copies: the step writes its keys and values into them; the caller's arrays stay as they were
+            layer.keys, layer.values = past[2 * index].clone(), past[2 * index + 1].clone()
+            layer.cumulative_length = cache_position[0].clone()
+        logits = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, attention_mask=None).logits
+        return (logits, *[tensor for layer in self.cache.layers for tensor in (layer.keys, layer.values)])
+
+    def empty(self):
+        """The cache of a new sequence, as forward takes it."""
+        return [torch.zeros_like(tensor) for layer in self.cache.layers for tensor in (layer.keys, layer.values)]
+
+
+def cache_names(layers):
+    return [f"past_{kind}_{index}" for index in range(layers) for kind in ("key", "value")]
+
+
+def export(module, args, kwargs, dynamic):
+    """torch.export (strict: the non-strict trace of transformers' masks fails to decompose on torch 2.12) with
+    the prompt's length dynamic (sequence_dim). `dynamic`: the inputs' dynamic shapes, by forward's parameter
+    names."""
+    with torch.no_grad(), hub.quiet_transformers():
+        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic, strict=True)
+
+
+def sequence_dim(max_context):
+    return torch.export.Dim("sequence", min=1, max=max_context - 1)
+
+
+def quantize_linears(model, precision, group_size):
+    """ExecuTorch's own torchao source transform for LLM export (extension.llm.export.quantize): 8da4w (int8
+    dynamic activations, int4 weights in groups of `group_size`) or 8da8w (int8 weights per channel)."""
+    if precision not in ("8da4w", "8da8w"):
+        return model
+    with quiet.native_stderr(dropped=b"I tokenizers:"):  # its tokenizers' registration note
+        from executorch.extension.llm.export.quantize import quantize_model_
+
+    try:
+        with hub.quiet_transformers(), quiet.quiet():  # it prints what it applies
+            quantize_model_(model, qlinear_config=precision,
+                            qlinear_group_size=group_size if precision == "8da4w" else 0)
+    except RuntimeError as exc:  # a linear layer whose input size the group does not divide
+        raise MobileBuildError(f"{precision} cannot quantize this model: {modeling.first_line(exc)}",
+                               field="generate.group_size") from None
+    return model
+
+
+# --- held-out text and prompts -----------------------------------------------------------------------------------
+
+def heldout_tokens(config, vocab):
+    """The held-out token ids (generate.text, or seeded random ones) as a 1-D int64 tensor, checked against the
+    vocabulary and long enough for the prompts."""
+    needed = max(config.prompt_lengths) + config.new_tokens
+    if config.text is None:
+        generator = torch.Generator().manual_seed(config.seed)
+        return torch.randint(0, vocab, (max(needed * config.prompts, 4 * config.max_context),), generator=generator)
+    function = modeling.resolve_callable(config.text, field="generate.text")
+    found = modeling.call_user(function, config.text, "generate.text")
+    try:
+        tokens = torch.as_tensor(list(found) if not isinstance(found, torch.Tensor) else found, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise MobileBuildError(f"{config.text} returned {type(found).__name__}, expected token ids (a 1-D sequence "
+                               f"of ints): {modeling.first_line(exc)}", field="generate.text") from None
+    tokens = tokens.flatten()
+    if len(tokens) < needed:
+        raise MobileBuildError(f"{config.text} returned {len(tokens)} token ids; the longest prompt and its new "
+                               f"tokens need {needed}", field="generate.text")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
+        raise MobileBuildError(f"{config.text} returned token ids outside [0, {vocab}), the model's vocabulary",
+                               field="generate.text")
+    return tokens
+
+
+def prompts(tokens, length, count):
+    """`count` prompts of `length` tokens, spread evenly over the held-out text."""
+    last = len(tokens) - length
+    starts = sorted({round(index * last / max(count - 1, 1)) for index in range(count)}) if last > 0 else [0]
+    return [tokens[start:start + length].view(1, -1) for start in starts]
+
+
+def greedy(generator, prompt, new_tokens):
+    """(the first step's logits, the new tokens): the generator's own greedy continuation of `prompt`."""
+    logits = generator.forward(prompt, 0)[0, -1]
+    first, produced = logits, []
+    position = prompt.shape[1]
+    for _ in range(new_tokens):
+        token = int(logits.argmax())
+        produced.append(token)
+        if len(produced) == new_tokens:
+            break
+        logits = generator.forward(torch.tensor([[token]]), position)[0, -1]
+        position += 1
+    return first, produced
+
+
+class EagerGenerator:
+    """The eager transformers model a step at a time with its DynamicCache: the reference, and the timings'
+    baseline (transformers' own incremental decoding)."""
+
+    def __init__(self, model):
+        self.model, self.cache = model, None
+
+    def forward(self, tokens, position):
+        from transformers import DynamicCache
+
+        if position == 0:
+            self.cache = DynamicCache(config=self.model.config)
+        with torch.no_grad():
+            return self.model(input_ids=tokens, cache=self.cache, use_cache=True).logits.float()

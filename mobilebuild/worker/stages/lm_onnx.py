@@ -1,0 +1,60 @@
+"""lm_onnx: a causal LM as ONNX, one step with its static KV cache as inputs and outputs (past_key_<i>,
+past_value_<i> -> present_key_<i>, present_value_<i>, each [1, heads, max_context, head size]), the prompt's length
+dynamic; int8: onnxruntime's dynamic quantization of its weights (`quantize_dynamic`, int8 MatMul weights); int4:
+its MatMulNBits quantizer (int4 MatMul weights in blocks of generate.group_size, symmetric)."""
+
+import os
+import tempfile
+
+import onnx
+import torch
+
+from mobilebuild.worker import lm, quiet
+from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
+from mobilebuild.worker.stages import export
+
+
+def int8_weights(source, output, config):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(source, output, weight_type=QuantType.QInt8)
+
+
+def int4_weights(source, output, config):
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    quantizer = MatMulNBitsQuantizer(onnx.load(source), block_size=config.group_size, is_symmetric=True)
+    quantizer.process()
+    quantizer.model.save_model_to_file(output, use_external_data_format=False)
+
+
+QUANTIZERS = {"int8": int8_weights, "int4": int4_weights}
+
+
+def run(inputs, config, output):
+    model = lm.causal_lm(config.model, inputs["checkpoint"])
+    module = lm.CacheInOut(model, config.max_context).eval()
+    past = module.empty()
+    names = lm.cache_names(len(past) // 2)
+    sequence = lm.sequence_dim(config.max_context)
+    example = (torch.zeros(1, 2, dtype=torch.long), torch.arange(2), *past)
+    program = lm.export(module, example, {},
+                        {"input_ids": {1: sequence}, "cache_position": {0: sequence}, "past": (None,) * len(past)})
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
+        exported = os.path.join(scratch, "float.onnx")
+        with quiet.quiet(), torch.no_grad():
+            onnx_program = torch.onnx.export(
+                program, dynamo=True, opset_version=18, verbose=False,
+                input_names=["input_ids", "cache_position", *names],
+                output_names=["logits", *(name.replace("past_", "present_") for name in names)])
+            onnx_program.save(exported)
+        if config.precision != "fp32":
+            quantized = os.path.join(scratch, f"{config.precision}.onnx")
+            with quiet.quiet():
+                QUANTIZERS[config.precision](exported, quantized, config)
+            exported = quantized
+        ort_runtime.generator(exported, config).forward(torch.zeros(1, 2, dtype=torch.long), 0)
+        # without the source paths torch's node metadata holds, which differ between checkouts
+        data = export.reproducible(onnx.load(exported)).SerializeToString()
+    with open(output, "wb") as handle:
+        handle.write(data)

@@ -1,0 +1,242 @@
+"""Decoder-only language models (a recipe with `generate:`): the recipe's grammar and one-line errors, the plan's
+nodes and what keys them, the worker's token-by-token comparison on a tiny Llama, and (slow) a tiny LM built
+through every LM route by real doit."""
+
+import copy
+import hashlib
+import json
+
+import pytest
+import torch
+from test_recipe import problems, write
+
+import mobilebuild.routes  # noqa: F401  (the route families register their stages)
+from mobilebuild.plan import graph, recipe
+
+LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
+LM = {
+    "name": "lm",
+    "model": {"transformers": "AutoModelForCausalLM", "config": LLAMA},
+    # random weights give nearly flat logits, whose greedy tokens any rounding flips (8da4w agreed on none of
+    # them): the quantized targets' agreement is not judged here, and is marked relaxed
+    "generate": {"max_context": 32, "prompt_lengths": [4, 8], "new_tokens": 4, "prompts": 2,
+                 "thresholds": {name: {"agreement": 0.0} for name in ("8da4w", "int8", "int4")}},
+    "benchmark": {"warmup": 1, "iters": 8},
+    "targets": [{"backend": "xnnpack", "runtime": "executorch"},
+                {"backend": "xnnpack", "runtime": "executorch", "precision": "8da4w", "name": "et-8da4w"},
+                {"backend": "onnx"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"},
+                {"backend": "onnx", "precision": "int4", "name": "onnx-int4"}],
+}
+
+
+def lm_recipe(**generate):
+    found = copy.deepcopy(LM)
+    found["generate"].update(generate)
+    return found
+
+
+def keys(root, data):
+    write(root, data)
+    (loaded,) = recipe.load_all(root)
+    return {node.task_name: node.key() for node in graph.recipe_nodes(loaded, str(root))}
+
+
+def test_a_language_model_plans_its_own_stages_and_input(tmp_path):
+    write(tmp_path, LM)
+    (loaded,) = recipe.load_all(tmp_path)
+    assert loaded.inputs == [{"name": "input_ids", "shape": [1, 1], "dtype": "int64", "memory_format": "contiguous",
+                              "range": [0, 64]}]  # its range from the configuration's vocabulary
+    names = {node.task_name for node in graph.recipe_nodes(loaded, str(tmp_path))}
+    assert {"checkpoint:lm", "lm_lower:lm-xnnpack-executorch", "lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx",
+            "lm_onnx:lm-onnx-int8", "lm_verify:lm-et-8da4w", "lm_bench:lm-onnx", "lm_bench:lm-eager",
+            "manifest:lm"} <= names
+    assert not any(name.startswith(("fuse:", "verify:", "bench:")) for name in names)
+
+
+@pytest.mark.parametrize("change, changed", [
+    ({"max_context": 48}, {"lm_lower", "lm_onnx", "lm_verify", "lm_bench"}),
+    ({"prompt_lengths": [4]}, {"lm_verify", "lm_bench"}),
+    ({"new_tokens": 2}, {"lm_verify", "lm_bench"}),
+    ({"prompts": 3}, {"lm_verify"}),
+    ({"group_size": 16}, {"lm_lower", "lm_onnx"}),  # the grouped targets' only
+])
+def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change, changed):
+    before = keys(tmp_path, LM)
+    after = keys(tmp_path, lm_recipe(**change))
+    assert before.keys() == after.keys()
+    differ = {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))}
+    assert {name.split(":")[0] for name in differ} == changed
+    if "group_size" in change:
+        assert differ == {"lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx-int4"}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"generate": {"max_context": 8, "prompt_lengths": [8]}},
+     "generate.max_context: the longest prompt (8) and new_tokens (16) exceed max_context (8)"),
+    ({"generate": {"max_context": 128, "group_size": 24}}, "generate.group_size: expected a power of two, got 24"),
+    ({"generate": {"max_context": 1}}, "generate.max_context: 1 is less than the minimum of 2"),
+    ({"generate": {"max_context": 128, "prompt_lengths": []}}, "generate.prompt_lengths: [] should be non-empty"),
+    ({"generate": {"max_context": 128, "tokens": 3}}, "generate: unknown key 'tokens'"),
+    ({"targets": [{"backend": "xnnpack", "runtime": "executorch", "precision": "int8"}]},
+     "targets[0].precision: precision 'int8' is not available for a language model on xnnpack (executorch); "
+     "expected one of fp32, 8da4w, 8da8w"),
+    ({"targets": [{"backend": "xnnpack"}]},
+     "targets[0].backend: xnnpack (pytorch-mobile): generative path not wired yet"),
+])
+def test_bad_generate_values_are_one_line_each(tmp_path, change, expected):
+    data = {**copy.deepcopy(LM), **change}
+    if "targets" not in change:
+        data["targets"] = LM["targets"][:1]
+    found = problems(tmp_path, data) if "targets" not in change else _plan_problems(tmp_path, data)
+    assert any(expected in line for line in found), found
+    assert all("\n" not in line for line in found)
+
+
+def _plan_problems(root, data):
+    write(root, data)
+    (loaded,) = recipe.load_all(root)
+    with pytest.raises(Exception) as caught:
+        graph.recipe_nodes(loaded, str(root))
+    return [str(error) for error in caught.value.errors]
+
+
+def test_a_factory_language_model_must_name_its_input(tmp_path):
+    data = {**copy.deepcopy(LM), "model": {"factory": "tinynet:build"}}
+    (line,) = problems(tmp_path, data)
+    assert "inputs: give the token ids' input" in line
+
+
+# --- the worker: token by token on a tiny Llama ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{key: value for key, value in LLAMA.items() if key != "model_type"})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_the_eager_model_agrees_with_itself_and_noise_shows(tiny_llama):
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.stages import lm_verify
+
+    eager, same = lm.EagerGenerator(tiny_llama), lm.EagerGenerator(tiny_llama)
+    prompt = torch.arange(6).view(1, -1)
+    found = lm_verify.compare_prompt(same, eager, prompt, 5)
+    assert found == {"sqnr_prefill_db": None, "sqnr_decode_db": None, "agreement": 1.0, "first_divergence": None}
+
+    class Noisy(lm.EagerGenerator):
+        def forward(self, tokens, position):
+            logits = super().forward(tokens, position)
+            noise = torch.randn(logits.shape, generator=torch.Generator().manual_seed(position))
+            return logits + noise * logits.std() * 0.01  # about 40 dB
+
+    noisy = lm_verify.compare_prompt(Noisy(tiny_llama), eager, prompt, 5)
+    assert 30 < noisy["sqnr_prefill_db"] < 50 and 30 < noisy["sqnr_decode_db"] < 50
+    ppl = lm_verify.perplexity(eager, torch.arange(40) % 64, window=16)
+    assert ppl == pytest.approx(lm_verify.perplexity(same, torch.arange(40) % 64, window=16))
+    assert 1 < ppl < 200  # about the vocabulary's size for random weights
+
+
+def test_a_plain_llama_takes_export_llms_path_with_meta_names(tiny_llama):
+    from mobilebuild.worker import export_llm
+
+    assert export_llm.fits(tiny_llama, "fp32") and export_llm.fits(tiny_llama, "8da4w")
+    assert not export_llm.fits(tiny_llama, "8da8w")  # export_llm has no 8da8w: the transformers export makes it
+    state = export_llm.meta_state(tiny_llama)
+    assert {"tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.feed_forward.w2.weight",
+            "output.weight", "norm.weight"} <= set(state)
+    assert len(state) == len(tiny_llama.state_dict())
+    assert export_llm.params(tiny_llama.config)["n_kv_heads"] == 1
+
+
+def test_prompts_spread_over_the_held_out_text():
+    from mobilebuild.worker import lm
+
+    found = lm.prompts(torch.arange(100), 10, 3)
+    assert [prompt[0, 0].item() for prompt in found] == [0, 45, 90]
+    assert all(prompt.shape == (1, 10) for prompt in found)
+
+
+# --- end to end ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(project):
+    project.write_recipe(LM)
+    ran = project.doit()
+    assert {"lm_lower:lm-xnnpack-executorch", "lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx", "lm_onnx:lm-onnx-int8",
+            "lm_onnx:lm-onnx-int4"} <= set(ran)
+    manifest = json.loads(project.artifact("lm/manifest.json").read_text())
+    for target in manifest["targets"]:
+        verified = json.loads(project.artifact(f"lm/verify-{target['target']}.json").read_text())
+        assert verified["status"] == "passed", verified
+        assert set(verified["prompt_lengths"]) == {"4", "8"}
+        assert 0 <= verified["metrics"]["agreement"] <= 1
+        timed = json.loads(project.artifact(f"lm/bench-{target['target']}.json").read_text())
+        assert timed["decode_tokens_per_s"] > 0 and timed["peak_rss_mb"] > 0
+        assert all(values["ttft_ms"] > 0 for values in timed["prompt_lengths"].values())
+    built = _sha256s(project)
+    quantized = json.loads(project.artifact("lm/verify-et-8da4w.json").read_text())
+    assert quantized["relaxed"] == {"agreement": {"used": 0.0, "default": 0.25}}
+    fp32 = json.loads(project.artifact("lm/verify-xnnpack-executorch.json").read_text())
+    assert fp32["metrics"]["sqnr_db"] is None or fp32["metrics"]["sqnr_db"] > 60
+    assert project.doit() == []
+    assert _sha256s(project) == built  # nothing rewritten
+    changed = lm_recipe(prompt_lengths=[4])
+    project.write_recipe(changed)
+    rebuilt = project.doit()
+    assert rebuilt and {name.split(":")[0] for name in rebuilt} <= {"lm_verify", "lm_bench", "verified", "manifest",
+                                                                   "plot"}, rebuilt
+
+
+def test_the_report_has_a_generation_table_for_a_language_model():
+    from mobilebuild.results import report_data, report_markdown
+
+    timed = {"status": "ran", "generation": True, "median_ms": 0.25, "decode_tokens_per_s": 4000.0,
+             "peak_rss_mb": 500.0, "prompt_lengths": {"16": {"ttft_ms": 0.5}, "64": {"ttft_ms": 1.5}}}
+    manifest = {"recipe": "lm", "targets": [{"target": "et", "backend": "xnnpack", "runtime": "executorch",
+                                             "precision": "8da4w", "bytes": 300000, "status": "passed"}],
+                "verification": {"et": {"status": "passed", "generation": True, "metrics": {
+                    "sqnr_db": 33.1, "agreement": 0.8125, "perplexity_artifact": 21.6, "perplexity_eager": 21.7}}},
+                "benchmarks": {"eager": {**timed, "decode_tokens_per_s": 1000.0}, "et": timed}}
+    (section,) = report_data.build([manifest]).sections
+    assert section.generation.cells[1] == ["et", "8da4w", "passed", "0.300", "16: 0.50, 64: 1.50", "4000", "500",
+                                           "0.812", "33.1", "21.600", "21.700"]
+    assert section.generation.cells[0][:3] == ["eager fp32", "fp32", "reference"]
+    assert report_data.GENERATION_TITLE in report_markdown.render(report_data.build([manifest]))
+    for result in (manifest["verification"]["et"], *manifest["benchmarks"].values()):
+        result["generation"] = False
+    assert report_data.build([manifest]).sections[0].generation is None  # any other recipe: no such table
+
+
+def test_check_refuses_a_language_model_in_one_line(tmp_path):
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.preflight import whole_recipe
+
+    path = write(tmp_path, LM)
+    with pytest.raises(MobileBuildError, match="check does not cover language models yet"):
+        whole_recipe._load(path, tmp_path, None)
+
+
+def _sha256s(project):
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in project.artifact("lm").glob("lm-*") if path.suffix in (".pte", ".onnx")}
+
+
+GPT2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64}
+
+
+@pytest.mark.slow
+def test_a_model_export_llm_does_not_define_takes_the_transformers_export(project):
+    """GPT-2 (transformers' static-cache export, on ExecuTorch and ONNX), 8da8w too."""
+    project.write_recipe({**copy.deepcopy(LM), "name": "gpt",
+                          "model": {"transformers": "AutoModelForCausalLM", "config": GPT2},
+                          "targets": [{"backend": "xnnpack", "runtime": "executorch"},
+                                      {"backend": "xnnpack", "runtime": "executorch", "precision": "8da8w",
+                                       "name": "et-8da8w"}, {"backend": "onnx"}]})
+    project.doit()
+    for target, floor in (("xnnpack-executorch", 100), ("et-8da8w", 25), ("onnx", 100)):
+        verified = json.loads(project.artifact(f"gpt/verify-{target}.json").read_text())
+        assert verified["status"] == "passed" and verified["metrics"]["sqnr_db"] > floor, verified
