@@ -170,17 +170,20 @@ def recipes(name, quick):
     return {name: data}
 
 
-def build(root, name, quick, env):
-    """Build one model in a project of its own: (seconds, the build's output lines, {column: (kind, one line)})."""
+def build(root, name, quick, env, written=None, files=(FACTORIES,), command=(str(MOBILEBUILD),)):
+    """Build one model in a project of its own: (seconds, the build's output lines, {column: (kind, one line)}).
+    `written`: its recipes ({name: recipe}; the zoo's by default), `files`: what the project imports, `command`:
+    the mobilebuild to run (the hub zoo's)."""
     project = root / name
     (project / "recipes").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "dodo.py", project / "dodo.py")
-    shutil.copy(FACTORIES, project / FACTORIES.name)
-    written = recipes(name, quick)
+    for source in files:
+        shutil.copy(source, project / source.name)
+    written = written or recipes(name, quick)
     for recipe_name, data in written.items():
         (project / "recipes" / f"{recipe_name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     started = time.perf_counter()
-    proc = subprocess.run([str(MOBILEBUILD), "build", "-n", "1", *(f"recipes/{n}.yaml" for n in written)],
+    proc = subprocess.run([*command, "build", "-n", "1", *(f"recipes/{n}.yaml" for n in written)],
                           cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           errors="replace")
     seconds = time.perf_counter() - started
@@ -360,18 +363,26 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
     return "\n".join(out) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="comma-separated model names: " + ", ".join(ZOO))
+def arguments(description, known, **more):
+    """(the command line's arguments, the model names it picks of `known`); `more`: further options by name, each
+    argparse's keywords."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated model names: " + ", ".join(known))
     parser.add_argument("--quick", action="store_true", help="fewer calibration batches, samples and iterations")
     parser.add_argument("--keep", type=Path, help="build in this folder and keep it (default: a temporary one)")
     parser.add_argument("--no-docs", action="store_true", help=f"do not write {DOCS.relative_to(REPO)}")
+    for name, keywords in more.items():
+        parser.add_argument(f"--{name}", **keywords)
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else list(ZOO)
-    unknown = [name for name in names if name not in ZOO]
+    names = args.only.split(",") if args.only else list(known)
+    unknown = [name for name in names if name not in known]
     if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(ZOO)}")
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return args, names
 
+
+def main():
+    args, names = arguments(__doc__, ZOO)
     scratch = None if args.keep else tempfile.TemporaryDirectory(prefix="zoo-")
     root = args.keep.resolve() if args.keep else Path(scratch.name)
     env = {**bytecode_env(root), "MOBILEBUILD_CACHE": "off"}

@@ -60,3 +60,24 @@ def test_thresholds_looser_than_the_defaults_are_relaxed_whichever_their_directi
                                                "max_rel_error": {"used": 0.6, "default": 0.5}}
     assert metrics.relaxed(defaults, defaults) == {}
     assert metrics.relaxed(used, None) == {}
+
+
+def _outputs(model, seed=0):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return model.eval()(torch.randn(4, 3, 32, 32))
+
+
+def test_a_random_weight_reference_is_named_degenerate_a_varying_one_is_not():
+    import timm
+    import torchvision
+
+    torch.manual_seed(0)
+    near_zero = metrics.degenerate(_outputs(torchvision.models.mobilenet_v3_small(num_classes=10)))
+    assert near_zero.startswith("is near zero (RMS ")
+    assert metrics.degenerate(_outputs(timm.create_model("lcnet_050", num_classes=10))).startswith("is near zero")
+    resnet = timm.create_model("resnet10t", num_classes=10)
+    assert metrics.degenerate(_outputs(resnet)) is None
+    constant = _outputs(resnet)[:1].repeat(4, 1) + 1e-4 * torch.randn(4, 10)
+    assert metrics.degenerate(constant).startswith("hardly depends on the input (it varies by 0.")
+    assert metrics.degenerate(torch.ones(1, 10)) is None  # one sample: nothing to vary

@@ -455,7 +455,7 @@ def test_verify_names_outputs_and_judges_each_size(tmp_path):
     config = verify_config(outputs=["scores"], thresholds={"sqnr_db": 30.0})
     (groups, _) = verify.evaluation_data(config)
     for size, inputs, labels in groups:
-        (found,), usable = verify.verify(model, [model], config, inputs, labels)
+        (found,), usable, _ = verify.verify(model, [model], config, inputs, labels)
         assert list(found) == ["scores"] and usable == 6 and found["scores"]["sqnr_db"] == 300.0
     with pytest.raises(MobileBuildError, match="2 output names for 1 output tensor"):
         verify.run_in_batches(model, groups[0][1], 2, ["a", "b"])

@@ -614,6 +614,9 @@ def _notes(rows):
     mismatched = _grouped((row.label, _get(row.verification, "data_note")) for row in rows[1:]
                           if _get(row.verification, "data_note"))
     notes.extend(f"verification data ({', '.join(labels)}): {text}" for text, labels in mismatched.items())
+    degenerate = _grouped((row.label, _get(row.verification, "reference_note")) for row in rows[1:]
+                          if _get(row.verification, "reference_note"))
+    notes.extend(f"eager reference ({', '.join(labels)}): {text}" for text, labels in degenerate.items())
     fixed = _grouped((row.label, _get(row.verification, "fixed_shape")) for row in rows[1:]
                      if _get(row.verification, "fixed_shape"))
     notes.extend(f"sizes ({', '.join(labels)}): {text}" for text, labels in fixed.items())

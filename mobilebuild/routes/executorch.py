@@ -83,7 +83,10 @@ def structure(facts):
         return ""
     counts = mapping(delegation.get("delegates")).items()
     delegates = ", ".join(f"{text(count)} {name} call(s)" for name, count in counts)
-    return f"{delegates or 'nothing delegated'}; {text(delegation.get('fallback_calls'))} op(s) outside the delegate"
+    made = mapping(facts.get("made"))
+    how = f"; int8 {text(made.get('int8'))} by torchao, as {text(made.get('why'))}" if made.get("int8") else ""
+    return (f"{delegates or 'nothing delegated'}; {text(delegation.get('fallback_calls'))} op(s) outside the "
+            f"delegate{how}")
 
 
 # --- mobilebuild check: what the program delegates, read from the .pte (by the build's verify, where it read these

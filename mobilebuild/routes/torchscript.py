@@ -129,8 +129,14 @@ stages.register(stages.Stage(
     "optimize_for_mobile per target, saved for the lite interpreter (.ptl).", "#c9daf8", plan=optimize,
     recipe_fields={"options": "targets.optimize"}))
 
+def structure(facts):
+    """How the artifact was made, where not as the recipe asked (the script stage's traced fallback)."""
+    made = facts.get("torchscript")
+    return f"traced, as {made['why']}" if isinstance(made, dict) and made.get("why") else ""
+
+
 STAGES = ("script", "optimize")
-RUNTIME = Runtime("pytorch-mobile", FAMILY)
+RUNTIME = Runtime("pytorch-mobile", FAMILY, structure=structure)
 CHECKS = Checks(preflight=preflight, outputs=outputs, device=device, fixed_shapes=traced)
 
 register(Route("xnnpack", "pytorch-mobile", ("fp32",), STAGES, ".ptl",

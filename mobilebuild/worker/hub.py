@@ -169,6 +169,12 @@ def transformers_model(source, weights=True):
         except Exception as exc:
             raise MobileBuildError(f"transformers.{source['transformers']} cannot build the model: "
                                    f"{type(exc).__name__}: {_first_line(exc)}", field="model.transformers") from None
+        if any(getattr(holder, "use_cache", False) for holder in _configs(config)):
+            # the cache it returns flattens into tensors for torch.export (ExecuTorch, the dynamo ONNX exporter) and
+            # for verification (worker.outputs.leaves), by transformers' own registration
+            from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+            register_dynamic_cache_export_support()
     return model
 
 

@@ -46,6 +46,31 @@ def max_rel_error(reference, output):
     return (reference - output).abs().max().item() / scale
 
 
+# A reference this small (RMS), or varying this little between inputs (the RMS of its deviation from the mean over
+# the inputs, relative to its RMS), says nothing about the artifact: int8 rounding is larger than the signal. Random
+# weights give both: torchvision's MobileNetV3 with default batch-norm statistics answers about 1e-10 to anything,
+# timm's lcnet_050 about 1e-7 (trained models are far above: resnet18 with random weights varies by 7%).
+NEAR_ZERO_RMS = 1e-4
+HARDLY_VARIES = 1e-2
+DEGENERATE_ADVICE = "random weights? give a trained checkpoint, `batchnorm_stats`, or `model.train`"
+
+
+def degenerate(reference):
+    """Why an eager reference (samples along axis 0) cannot judge an artifact, or None: its values are near zero,
+    or hardly depend on the input."""
+    values = _flat(reference)
+    rms = values.pow(2).mean().sqrt().item()
+    if rms < NEAR_ZERO_RMS:
+        return f"is near zero (RMS {rms:.2g})"
+    if reference.dim() == 0 or len(reference) < 2:
+        return None
+    samples = reference.detach().double().flatten(1)
+    spread = (samples - samples.mean(0)).pow(2).mean().sqrt().item() / rms
+    if spread < HARDLY_VARIES:
+        return f"hardly depends on the input (it varies by {spread:.2%} of its size between inputs)"
+    return None
+
+
 def is_classifier_output(tensor):
     return tensor.dim() == 2 and tensor.shape[1] > 1
 

@@ -3,6 +3,7 @@ facts) and what the host runtime needs to run it (the backends it calls, each in
 deserialization answers both. Importing this module imports neither torch nor ExecuTorch: `mobilebuild check` words a
 delegation summary verify recorded without them."""
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,12 @@ class Program:
     delegation: dict
     backends: list  # the backend ids the first method delegates to, sorted
     input_dim_orders: list  # per input of the first method: its dim order ([] for a non-tensor)
+    record: dict | None = None  # how the lower stage made it, where not as the recipe asked (RECORD_METHOD)
+
+
+# A constant method the lower stage adds to a program it made otherwise than the recipe asked (int8 by torchao where
+# PT2E failed): a JSON string, read back here for verify's record and the report.
+RECORD_METHOD = "mobilebuild_record"
 
 
 def read(pte):
@@ -45,11 +52,14 @@ def _read(data):
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     program = deserialize_pte_binary(data).program
-    first = program.execution_plan[0]
+    first = next(plan for plan in program.execution_plan if plan.name == "forward")
+    recorded = next((plan.values[0].val.string_val for plan in program.execution_plan
+                     if plan.name == RECORD_METHOD), None)
     return Program(data=data, delegation=_delegation(program),
                    backends=sorted({delegate.id for delegate in first.delegates}),
                    input_dim_orders=[list(getattr(first.values[index].val, "dim_order", None) or [])
-                                     for index in first.inputs])
+                                     for index in first.inputs],
+                   record=json.loads(recorded) if recorded is not None else None)
 
 
 def _delegation(program):

@@ -133,7 +133,9 @@ def callable_for(facts):
 
 
 def inspect(path, config):
-    return {"delegation": pte.read(path).delegation, "bytes": Path(path).stat().st_size}
+    program = pte.read(path)
+    made = {"made": program.record} if program.record is not None else {}
+    return {"delegation": program.delegation, "bytes": Path(path).stat().st_size, **made}
 
 
 class Generator:

@@ -129,6 +129,10 @@ def export_float(model, specs, opset=None, names=None, exporter=None, notes=True
                                         input_names=[spec["name"] for spec in specs], output_names=produced,
                                         **({"dynamic_shapes": shapes} if shapes else {}))
         except Exception as exc:  # torch.export and the ONNX translation raise many types
+            held = outputs.held_objects(model, examples)
+            if held:  # the generic advice (control flow) does not fit
+                raise MobileBuildError(lower.held_message(held, "torch.onnx.export", list(_causes(exc))[-1]),
+                                       field="targets") from None
             raise export_error(exc) from None
     proto = program.model_proto
     check_dims_kept(proto, specs)

@@ -21,6 +21,11 @@ input whatever input.memory_format says (that setting is PyTorch Mobile's advice
 layout inside, while an NHWC export leaves a layout copy outside the delegate (MobileNetV2: aten::as_strided_copy on
 the portable kernels, and two XNNPACK calls instead of one) and Core ML refuses it.
 
+Where PT2E quantization fails on a model that exports (transformers' mask code indexes with a float constant after
+prepare_pt2e: DistilBERT with an attention mask, GPT-2), XNNPACK int8 falls back to torchao's `quantize_` with
+Int8DynamicActivationIntxWeightConfig (dynamic int8, no calibration), exported with the dims the target keeps; the
+program carries a record of it (pte.RECORD_METHOD), which verify and the report show, and the stage says so.
+
 Delegate options (`config.options`, all optional):
   coreml:  compute_units     "all" (default) | "cpu_and_gpu" | "cpu_and_ne" | "cpu_only"
            compute_precision "fp16" (default) | "fp32"          (fp32 lowering only)
@@ -38,7 +43,7 @@ import re
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import progress, pte
+from mobilebuild.worker import outputs, progress, pte
 from mobilebuild.worker.coreml import reproducible_coreml
 from mobilebuild.worker.executorch_setup import ensure_flatc
 from mobilebuild.worker.quiet import quiet
@@ -270,27 +275,103 @@ def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, sampl
     dynamic = precision == "int8" and mode == "dynamic"
     shapes = dynamic_shapes(specs) if precision == "fp32" or dynamic else None
     with quiet():
-        from executorch.export import ExportSession
-
         torch.manual_seed(0)
         recipe = export_recipe(delegate, precision, options, weights, exclude, observer, mode)
         model = model.eval()
-        if dynamic and shapes:
-            model = quantized_with_dims(model, samples[0], recipe, shapes, delegate)
-            recipe = dataclasses.replace(recipe, quantization_recipe=None)
-        session = ExportSession(model=model, example_inputs=samples, export_recipe=recipe,
-                                **({"dynamic_shapes": {"forward": shapes}} if shapes else {}))
-        _announce_stages(session, delegate, precision, len(samples), mode)
         try:
-            with torch.no_grad(), reproducible_coreml(delegate):
-                session.export()
-        except MobileBuildError:
-            raise
-        except Exception as exc:  # torch.export, quantizers and partitioners raise anything
-            done = session.get_stage_artifacts()
-            failed = next((s for s in session.get_all_registered_stages() if s not in done), None)
-            raise MobileBuildError(failure_message(failed, delegate, exc), field="targets") from None
-        return session.get_pte_buffer()
+            if dynamic and shapes:
+                model = quantized_with_dims(model, samples[0], recipe, shapes, delegate)
+                recipe = dataclasses.replace(recipe, quantization_recipe=None)
+            return _exported(model, samples, recipe, shapes, delegate, precision, mode)
+        except PT2EFailed as failed:
+            why = failed.message
+        if delegate != "xnnpack":
+            raise MobileBuildError(why, field="targets")
+        if exclude or observer:  # torchao's path has neither knob
+            raise MobileBuildError(f"{why}; torchao's dynamic int8 would quantize it, but takes no quantize.exclude "
+                                   "or quantize.observer: leave them out", field="targets")
+        data = _torchao_int8(model, samples[0], shapes, mode, why)
+    static = "" if mode == "dynamic" else "; no calibration: the recipe asked for static int8"
+    print(f"   note: {why}: quantized by torchao instead ({TORCHAO_INT8}{static})")
+    return data
+
+
+def held_message(held, where, cause):
+    """One line for a model whose outputs hold objects (`held`: outputs.held_objects) that an exporter took apart
+    but then fails on (`cause`; torch 2.12.1's run_decompositions on the tensor constants transformers' DynamicCache
+    creates: "IndexError: list index out of range", reproduced with torch.export.export(model, example)
+    .run_decompositions({}))."""
+    return (f"the model returns {held}; torch.export takes it apart (transformers registers it), but {where} then "
+            f"fails ({type(cause).__name__}: {modeling.first_line(cause)}, with torch {torch.__version__}): "
+            f"{outputs.object_advice(held)}")
+
+
+class PT2EFailed(MobileBuildError):
+    """PT2E quantization failed where torch.export did not: the model exports, its quantized graph does not run
+    (transformers' mask code indexes with a float constant after prepare_pt2e)."""
+
+
+def _exported(model, samples, recipe, shapes, delegate, precision, mode, record=None):
+    """The .pte bytes of ExecuTorch's export session on `model`; `record` (a dict), where given, travels in the
+    program as a constant method (pte.RECORD_METHOD) that verify reads back."""
+    import json
+
+    from executorch.export import ExportSession, StageType
+
+    session = ExportSession(model=model, example_inputs=samples, export_recipe=recipe,
+                            **({"dynamic_shapes": {"forward": shapes}} if shapes else {}),
+                            **({"constant_methods": {pte.RECORD_METHOD: json.dumps(record, sort_keys=True)}}
+                               if record else {}))
+    _announce_stages(session, delegate, precision, len(samples), mode)
+    try:
+        with torch.no_grad(), reproducible_coreml(delegate):
+            session.export()
+    except MobileBuildError:
+        raise
+    except Exception as exc:  # torch.export, quantizers and partitioners raise anything
+        done = session.get_stage_artifacts()
+        failed = next((s for s in session.get_all_registered_stages() if s not in done), None)
+        message = failure_message(failed, delegate, exc)
+        held = outputs.held_objects(model, samples[0])
+        if held:  # the generic advice (control flow) does not fit
+            raise MobileBuildError(held_message(held, "ExecuTorch's lowering", _root_cause(exc)),
+                                   field="targets") from None
+        if failed == StageType.QUANTIZE and not _export_error(exc) and not pinned_dims(exc):
+            raise PT2EFailed(message, field="targets") from None
+        raise MobileBuildError(message, field="targets") from None
+    return session.get_pte_buffer()
+
+
+TORCHAO_INT8 = ("torchao Int8DynamicActivationIntxWeightConfig: int8 weights per output channel, activations "
+                "quantized per token as the program runs")
+
+
+def _torchao_int8(model, example, shapes, mode, why):
+    """Dynamic int8 from torchao's quantize_ (its Linear layers: int8 weights per channel, activations quantized
+    as it runs), exported and lowered for XNNPACK, where PT2E failed (`why`): it quantizes the modules, not a
+    captured graph, so the model's own index and mask code stays as it was. Takes the dims `shapes` keeps."""
+    import copy
+
+    from executorch.backends.xnnpack.recipes import XNNPackRecipeType
+    from executorch.export import ExportRecipe
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    progress.note("quantizing with torchao instead (dynamic int8)")
+    quantized = copy.deepcopy(model)
+    try:
+        quantize_(quantized, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8,
+                                                                    weight_granularity=PerAxis(0)))
+    except Exception as exc:  # torchao raises anything
+        raise MobileBuildError(f"{why}; torchao's dynamic int8, its fallback, failed too: "
+                               f"{modeling.first_line(exc)}", field="targets") from None
+    record = {"int8": "dynamic", "asked": mode, "quantizer": TORCHAO_INT8, "why": why}
+    try:
+        return _exported(quantized, [example], ExportRecipe.get_recipe(XNNPackRecipeType.FP32), shapes, "xnnpack",
+                         "fp32", "dynamic", record)
+    except MobileBuildError as exc:
+        raise MobileBuildError(f"{why}; torchao's dynamic int8, its fallback, failed too: {exc.message}",
+                               field="targets") from None
 
 
 def quantized_with_dims(model, example, recipe, shapes, delegate):
@@ -307,11 +388,15 @@ def quantized_with_dims(model, example, recipe, shapes, delegate):
     try:
         with torch.no_grad():  # as the export session runs its stages
             captured = torch.export.export(model, example, dynamic_shapes=shapes, strict=True).module()
+    except Exception as exc:  # torch.export raises anything
+        raise MobileBuildError(failure_message(StageType.QUANTIZE, delegate, exc), field="targets") from None
+    try:
+        with torch.no_grad():
             prepared = prepare_pt2e(captured, quantizer)
             prepared(*example)
             return convert_pt2e(prepared)
-    except Exception as exc:  # torch.export and the quantizer raise anything
-        raise MobileBuildError(failure_message(StageType.QUANTIZE, delegate, exc), field="targets") from None
+    except Exception as exc:  # the quantizer, or the graph it prepared, raise anything
+        raise PT2EFailed(failure_message(StageType.QUANTIZE, delegate, exc), field="targets") from None
 
 
 def _announce_stages(session, delegate, precision, batches, mode="static"):

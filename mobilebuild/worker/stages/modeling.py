@@ -21,13 +21,16 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int
 _POINTERS = re.compile(r"Facebook employee|fburl\.com|please report a bug|please file an issue", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z'\"(\[])")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a frame of TorchScript's source in its errors
+# "<function GPT2Config.__init__ at 0x7f3a...>": an address differs from run to run, and the line lands in records
+# that artifacts carry (the script stage's traced fallback)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def first_line(exc, limit=300):
     """An exception's first line as whole sentences within `limit` characters, without the sentences after the
     first that only point elsewhere; a first sentence longer than the limit is cut and ends with an ellipsis. A line
     that introduces what follows it (ends with ':') gets the code TorchScript points at, or loses that sentence."""
-    lines = (str(exc).strip() or type(exc).__name__).splitlines()
+    lines = _ADDRESS.sub("", str(exc).strip() or type(exc).__name__).splitlines()
     text = lines[0]
     if text.endswith(":"):
         pointed = _pointed_at(lines)

@@ -1,12 +1,14 @@
 """optimize: optimize_for_mobile (CPU, or Vulkan / Metal where torch was built for them), optional bundled inputs,
 saved for the lite interpreter (.ptl)."""
 
+import json
+
 import torch
 import torch.utils.bundled_inputs
 from torch.utils.mobile_optimizer import MobileOptimizerType, optimize_for_mobile
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker.stages import modeling
+from mobilebuild.worker.stages import modeling, script
 
 
 def has_batch_norm(scripted):
@@ -77,8 +79,12 @@ def run(inputs, config, output):
     backend = config.backend if config.backend in GPU_EXPORT_OPS else "CPU"
     if backend != "CPU":
         check_gpu_export(backend)
-    scripted = torch.jit.load(inputs["scripted"], map_location="cpu")
-    optimized = optimize(scripted, config.options, config.script_mode, config.inputs, backend)
-    data = optimized._save_to_buffer_for_lite_interpreter()
+    carried = {script.RECORD: ""}
+    scripted = torch.jit.load(inputs["scripted"], map_location="cpu", _extra_files=carried)
+    record = json.loads(carried[script.RECORD]) if carried[script.RECORD] else None
+    mode = "trace" if record is not None else config.script_mode  # the script stage fell back to tracing
+    optimized = optimize(scripted, config.options, mode, config.inputs, backend)
+    data = optimized._save_to_buffer_for_lite_interpreter(_extra_files={script.RECORD: json.dumps(record)}
+                                                          if record is not None else {})
     with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
         handle.write(data)

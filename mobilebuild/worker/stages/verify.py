@@ -86,14 +86,15 @@ def output_names(names, found):
 def verify(artifact, references, config, inputs, labels):
     """For each eager model of `references`, {output name: its metrics} for every one of its outputs, compared
     position by position with the artifact's (which runs once); labels judge the first output that holds class
-    scores. Also returns how many inputs were usable."""
+    scores. Also returns how many inputs were usable, and {output name: why the first reference's output cannot
+    judge the artifact} (metrics.degenerate) for the outputs that cannot."""
     batch = config.inputs[0]["shape"][0]
     try:
         produced, usable = run_in_batches(artifact, inputs, batch, config.outputs)
     except (RuntimeError, NotImplementedError) as exc:
         raise MobileBuildError(f"the artifact fails on the host: {modeling.first_line(exc)}",
                                field="targets") from None
-    compared = []
+    compared, degenerate = [], None
     for reference in references:
         expected, _ = run_in_batches(reference, inputs, batch, config.outputs)
         if len(produced) != len(expected):
@@ -103,7 +104,9 @@ def verify(artifact, references, config, inputs, labels):
         compared.append({name: metrics.compare(values, output,
                                                labels[:usable] if labels is not None and name == scores else None)
                          for (name, values), (_, output) in zip(expected, produced)})
-    return compared, usable
+        if degenerate is None:
+            degenerate = {name: why for name, values in expected if (why := metrics.degenerate(values)) is not None}
+    return compared, usable, degenerate
 
 
 def _sqnr(found, name):
@@ -156,13 +159,18 @@ def _verify(inputs, config, output):
         if "unpruned" in inputs:
             references.append(modeling.restore_model(config.model, inputs["unpruned"]))
         # size -> ({output: metrics}, [the same against the unpruned model], samples, {input: shape of one run})
-        at_sizes = {}
+        at_sizes, degenerate = {}, {}
         for size, data, labels in groups:
-            (found, *unpruned), samples = verify(artifact, references, config, data, labels)
+            (found, *unpruned), samples, degenerate_here = verify(artifact, references, config, data, labels)
             shapes = {spec["name"]: [spec["shape"][0], *x.shape[1:]] for spec, x in zip(config.inputs, data)}
             at_sizes[size] = (found, unpruned, samples, shapes)
+            degenerate = {**degenerate_here, **degenerate}  # the first size's words (the example's) win
         missed = [f"{_where(name, size, found, at_sizes)}{line}" for size, (found, *_) in at_sizes.items()
                   for name, values in found.items() for line in metrics.failures(values, config.thresholds)]
+        if degenerate:
+            result["reference_note"] = reference_note(degenerate, several=len(at_sizes[groups[0][0]][0]) > 1)
+            if missed:  # the thresholds judged noise: the failure says so, wherever it is shown
+                missed.append(result["reference_note"])
         worst_size = min(at_sizes, key=lambda size: _lowest_sqnr(at_sizes[size][0]))
         found, unpruned, *_ = at_sizes[worst_size]
         worst = _worst(found)
@@ -189,6 +197,12 @@ def _verify(inputs, config, output):
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True, allow_nan=False)
     _say(result)
+
+
+def reference_note(degenerate, several):
+    """One sentence on eager outputs that cannot judge an artifact ({output name: why}, metrics.degenerate)."""
+    said = "; ".join(f"the eager output{f' {name}' if several else ''} {why}" for name, why in degenerate.items())
+    return f"{said}: {metrics.DEGENERATE_ADVICE}"
 
 
 def data_mismatch(config, description):
@@ -220,6 +234,8 @@ def _say(result):
     relaxed = f" (relaxed thresholds: {', '.join(result['relaxed'])})" if result["relaxed"] else ""
     print(f"   {result['status']}{relaxed} on {result['samples']} {result['data']} inputs{several}: "
           f"{', '.join(parts)}")
+    if "reference_note" in result:
+        print(f"   note: {result['reference_note']}")
     if "against_unpruned" in result:
         print(f"   against the unpruned model: {result['against_unpruned']['summary']}")
 

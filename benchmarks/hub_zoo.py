@@ -1,0 +1,222 @@
+"""The hub zoo: timm and transformers models (random weights from their configurations, trained briefly), each
+built for the zoo's host targets (zoo.TARGETS), verified at the default thresholds and benchmarked, in one table
+(docs/zoo.md, its "Hub zoo" section). The models are ones nobody on the project wrote; the recipes use only the
+README's grammar.
+
+As benchmarks/zoo.py (whose build, results and refusal meanings it shares), one model at a time, cold (shared
+artifact cache off), `mobilebuild build -n 1`. Image models train on scikit-learn's digits, text models on a
+synthetic task (benchmarks/zoo/hub_models.py), the speech encoder on tones, so that an int8 verdict measures the
+artifact. CPU-heavy: run it niced.
+
+    nice -n 15 .venv/bin/python benchmarks/hub_zoo.py [--only NAME[,NAME]] [--quick] [--keep DIR] [--no-docs]
+        [--minutes M] [--table]
+"""
+
+import datetime
+import json
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import zoo
+from _bench import REPO, bytecode_env
+
+HUB_MODELS = Path(__file__).with_name("zoo") / "hub_models.py"
+SECTION = "## Hub zoo"
+IMAGE_SIZE = 64
+TEXT = {"length": 16, "vocabulary": 100}
+TEXT_INPUTS = [{"name": "input_ids", "shape": [1, TEXT["length"]], "dtype": "int64"}]
+SMALL_TEXT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
+              "vocab_size": TEXT["vocabulary"], "max_position_embeddings": 64}
+
+
+def timm_image(name, optimizer="sgd", **kwargs):
+    """A timm classifier of 10 classes on one 1x3x64x64 image, trained on digits."""
+    train = {"function": "hub_models:train_image", "kwargs": {"size": IMAGE_SIZE, "optimizer": optimizer}}
+    return {"model": {"timm": name, "kwargs": {"num_classes": 10, **kwargs}, "train": train},
+            "input": {"shape": [1, 3, IMAGE_SIZE, IMAGE_SIZE], "distribution": {"uniform": {"low": 0, "high": 1}}},
+            "calibration": {"source": "function", "function": "zoo_models:digits_batches",
+                            "kwargs": {"size": IMAGE_SIZE}}}
+
+
+def text(model_class, config, task="majority"):
+    """A transformers text model on input_ids (16 tokens of 100), trained on the synthetic `task`; int8 dynamic on
+    the routes that quantize Transformers so (qnnpack, onnx-int8), as ONNX Runtime advises."""
+    train = {"function": "hub_models:train_tokens", "kwargs": {"task": task, **TEXT}}
+    return {"model": {"transformers": model_class, "config": config, "train": train}, "inputs": TEXT_INPUTS,
+            "calibration": {"source": "function", "function": "hub_models:token_batches",
+                            "kwargs": {"task": task, **TEXT}},
+            "own": {"qnnpack": zoo.DYNAMIC, "onnx-int8": zoo.DYNAMIC}}
+
+
+HUB = {
+    "lcnet_050": ("timm LCNet-0.5 (hard-swish, SE)", timm_image("lcnet_050")),
+    "mobilenetv3_small_050": ("timm MobileNetV3-Small 0.5", timm_image("mobilenetv3_small_050")),
+    "mobilenetv4_conv_small": ("timm MobileNetV4-Conv-Small", timm_image("mobilenetv4_conv_small")),
+    "tinynet_e": ("timm TinyNet-E (EfficientNet family)", timm_image("tinynet_e")),
+    "mnasnet_small": ("timm MnasNet-Small", timm_image("mnasnet_small")),
+    "ghostnet_050": ("timm GhostNet-0.5", timm_image("ghostnet_050")),
+    "mobileone_s0": ("timm MobileOne-S0 (reparameterisable branches)", timm_image("mobileone_s0")),
+    "regnetx_002": ("timm RegNetX-200MF", timm_image("regnetx_002")),
+    "resnet10t": ("timm ResNet-10-T", timm_image("resnet10t")),
+    "mobilevitv2_050": ("timm MobileViTv2-0.5 (separable attention)", timm_image("mobilevitv2_050", "adamw")),
+    "edgenext_xx_small": ("timm EdgeNeXt-XXS (layer scale)", timm_image("edgenext_xx_small", "adamw")),
+    "efficientformerv2_s0": ("timm EfficientFormerV2-S0", timm_image("efficientformerv2_s0", "adamw",
+                                                                      img_size=IMAGE_SIZE)),
+    "convnextv2_atto": ("timm ConvNeXt-V2-Atto (GRN, layer scale)", timm_image("convnextv2_atto", "adamw")),
+    "bert": ("transformers BERT encoder, sequence classifier, 2 layers x 64",
+             text("AutoModelForSequenceClassification", {"model_type": "bert", **SMALL_TEXT})),
+    "distilbert": ("transformers DistilBERT, sequence classifier, 2 layers x 64",
+                   text("AutoModelForSequenceClassification",
+                        {"model_type": "distilbert", "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128,
+                         "vocab_size": TEXT["vocabulary"], "max_position_embeddings": 64})),
+    "mobilebert": ("transformers MobileBERT, sequence classifier, 2 layers",
+                   text("AutoModelForSequenceClassification",
+                        {"model_type": "mobilebert", **SMALL_TEXT, "embedding_size": 32, "intra_bottleneck_size": 32,
+                         "true_hidden_size": 32, "num_feedforward_networks": 1})),
+    "gpt2": ("transformers GPT-2 decoder, single pass (no cache), 2 layers x 64, trained to count on",
+             text("AutoModelForCausalLM", {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2,
+                                           "n_positions": 64, "vocab_size": TEXT["vocabulary"]}, task="count")),
+    "vit": ("transformers ViT, 2 layers x 64, patch 8, 1x3x64x64, trained on digits",
+            {"model": {"transformers": "AutoModelForImageClassification",
+                       "config": {"model_type": "vit", **{k: v for k, v in SMALL_TEXT.items()
+                                                          if k not in ("vocab_size", "max_position_embeddings")},
+                                  "image_size": IMAGE_SIZE, "patch_size": 8, "num_labels": 10},
+                       "train": {"function": "hub_models:train_image",
+                                 "kwargs": {"size": IMAGE_SIZE, "optimizer": "adamw"}}},
+             "input": {"shape": [1, 3, IMAGE_SIZE, IMAGE_SIZE], "distribution": {"uniform": {"low": 0, "high": 1}}},
+             "calibration": {"source": "function", "function": "zoo_models:digits_batches",
+                             "kwargs": {"size": IMAGE_SIZE}}}),
+    "wav2vec2": ("transformers Wav2Vec2 speech encoder, audio classifier, 2 layers x 64, 1x4000 samples, trained "
+                 "on four noisy tones",
+                 {"model": {"transformers": "AutoModelForAudioClassification",
+                            "config": {"model_type": "wav2vec2", **{k: v for k, v in SMALL_TEXT.items()
+                                                                   if k != "max_position_embeddings"},
+                                       "num_labels": 4, "conv_dim": [32, 32, 32], "conv_kernel": [10, 3, 3],
+                                       "conv_stride": [5, 2, 2], "num_conv_pos_embeddings": 16,
+                                       "num_conv_pos_embedding_groups": 4, "classifier_proj_size": 32},
+                            "train": {"function": "hub_models:train_tones"}},
+                  "inputs": [{"name": "input_values", "shape": [1, 4000]}],
+                  "calibration": {"source": "function", "function": "hub_models:tone_batches"}}),
+}
+
+
+# What a refusal here means, each reproduced with the library alone (how: in brackets); zoo.MEANINGS after these.
+MEANINGS = [
+    ("FX graph mode cannot trace", "PyTorch's FX graph-mode quantization cannot trace the model, which has no "
+                                   "QuantStubs for eager mode [torch.fx.symbolic_trace(model) raises TraceError: "
+                                   "transformers' ViT 'Proxy object cannot be iterated', timm's MobileViTv2 "
+                                   "'symbolically traced variables cannot be used as inputs to control flow']"),
+    ("only works for Conv1d but got: ParametrizedConv1d",
+     "torch.ao's eager quantization has no quantized form of a weight-normed Conv1d (Wav2Vec2's positional "
+     "convolution) [prepare and convert of QuantStub, weight_norm(Conv1d), DeQuantStub raise the same "
+     "AssertionError]"),
+]
+
+
+def meaning(line):
+    return next((text for piece, text in MEANINGS if piece in line), None) or zoo.meaning(line)
+
+
+def recipes(name, quick):
+    """{name: recipe} as zoo.recipes makes them (calibration, verification on held-out data, benchmark)."""
+    fields = dict(HUB[name][1])
+    own = fields.pop("own", {})
+    data = {"name": name, **fields}
+    data["model"] = {"seed": 0, **data["model"]}
+    data["quantize"] = {"calibration": {**data.pop("calibration"), "batches": 2 if quick else 8}}
+    data["verify"] = {"samples": 2 if quick else 8, "evaluation": "calibration-holdout"}
+    data["benchmark"] = {"warmup": 1 if quick else 2, "iters": 3 if quick else 10}
+    data["targets"] = [{**target, **own.get(column, {})} for column, target in zoo.TARGETS.items()]
+    return {name: data}
+
+
+def build(root, name, quick, env):
+    """zoo.build with the hub zoo's recipes and training functions, by this checkout's mobilebuild (PYTHONPATH in
+    main's environment), whichever checkout the console script was installed from."""
+    return zoo.build(root, name, quick, env, recipes(name, quick), (zoo.FACTORIES, HUB_MODELS),
+                     (sys.executable, "-m", "mobilebuild.cli"))
+
+
+def markdown(rows, quick, total, partial):
+    """The hub zoo's section of docs/zoo.md."""
+    versions = {package: version(package) for package in ("torch", "timm", "transformers", "executorch",
+                                                          "onnxruntime")}
+    kinds = [kind for _, _, cells, _, _, _ in rows for kind, _ in cells.values()]
+    counts = ", ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds)))
+    missing = [name for name in HUB if name not in {row[0] for row in rows}]
+    out = [f"""{SECTION}
+
+Models from timm and transformers, random weights from their configurations (nothing downloaded), trained briefly
+by the build's own `model.train` (`benchmarks/zoo/hub_models.py`: image models 100 steps on digits at 64x64,
+text models 150 steps of a synthetic task on 16 tokens of 100, the speech encoder 100 steps on four noisy tones),
+calibrated on the first {2 if quick else 8} samples of that data and verified on the ones after them at the default
+thresholds. Generated by `nice -n 15 .venv/bin/python benchmarks/hub_zoo.py{' --quick' if quick else ''}` on
+{datetime.date.today().isoformat()} with {', '.join(f'{k} {v}' for k, v in versions.items())}: {total / 60:.0f}
+minutes for the rows below, on a machine shared with other work (times are wall times under that load). Text
+models' int8 is dynamic on qnnpack and onnx-int8; on et-int8 it is what the build records (torchao's dynamic int8
+where PT2E fails on transformers' mask code). {counts}.
+"""]
+    if partial:
+        out.append(f"**Partial:** the run stopped before {', '.join(missing)}; their rows are missing.\n")
+    columns = list(rows[0][2]) if rows else list(zoo.TARGETS)  # the run's (a kept run's, with --table)
+    out += [f"| model | {' | '.join(columns)} | time |", f"|---|{'---|' * len(columns)}---|"]
+    notes = []
+    for name, about, cells, seconds, log, trained in rows:
+        shown = []
+        for column, (kind, line) in cells.items():
+            if kind == "verified":
+                shown.append(line.replace("verified (SQNR ", "verified ").split(",")[0].split(";")[0].rstrip(")"))
+            else:
+                notes.append((name, column, kind, line))
+                shown.append(f"{'FAILED' if kind == 'failed' else kind} [{len(notes)}]")
+        out.append(f"| **{name}**: {about} | {' | '.join(shown)} | {seconds:.0f} s{zoo.training(trained)}; "
+                   f"{log} |")
+    if notes:
+        out += ["", "Refusals and failures:", ""]
+        out += [f"{number}. {name} / {column}: `{line.replace('`', chr(39))}`"
+                + (f" **Whose limit:** {meaning(line)}." if kind == "refused" else "")
+                for number, (name, column, kind, line) in enumerate(notes, 1)]
+    return "\n".join(out) + "\n"
+
+
+def write_docs(section):
+    """docs/zoo.md with its hub zoo section replaced (or added at the end)."""
+    text = zoo.DOCS.read_text() if zoo.DOCS.exists() else ""
+    before, _, after = text.partition(SECTION)
+    rest = after[after.find("\n## "):] if "\n## " in after else ""
+    zoo.DOCS.write_text(before.rstrip("\n") + "\n\n" + section + rest)
+
+
+def main():
+    args, names = zoo.arguments(__doc__, HUB, minutes={
+        "type": float, "help": "start no model after this many minutes (the page says it is partial)"}, table={
+        "action": "store_true", "help": "write the page from the rows a --keep folder holds, building nothing"})
+    if args.table:  # the page again from a kept run's rows (its wording changed, not its numbers)
+        kept = json.loads((args.keep / "rows.json").read_text())
+        write_docs(markdown(kept["rows"], args.quick, kept["seconds"], partial=len(kept["rows"]) < len(HUB)))
+        return
+    scratch = None if args.keep else tempfile.TemporaryDirectory(prefix="hub-zoo-")
+    root = args.keep.resolve() if args.keep else Path(scratch.name)
+    env = {**bytecode_env(root), "MOBILEBUILD_CACHE": "off", "PYTHONPATH": str(REPO)}
+    print(f"hub zoo: {len(names)} models x {len(zoo.TARGETS)} targets in {root}", flush=True)
+    rows, started = [], time.perf_counter()
+    for name in names:
+        if args.minutes and time.perf_counter() - started > args.minutes * 60:
+            break
+        seconds, lines, cells = build(root, name, args.quick, env)
+        rows.append((name, HUB[name][0], cells, seconds, zoo.noise(lines), zoo.training_seconds(lines, name)))
+        print(f"  {name}: {seconds:.0f} s{zoo.training(rows[-1][-1])} ({rows[-1][4]}): "
+              + "; ".join(f"{column} {line}" for column, (_, line) in cells.items()), flush=True)
+        (root / "rows.json").write_text(json.dumps({"rows": rows, "seconds": time.perf_counter() - started}))
+        if not args.no_docs:  # after each model: an interrupted run leaves the rows it has
+            write_docs(markdown(rows, args.quick, time.perf_counter() - started, partial=len(rows) < len(HUB)))
+    print(f"\ntotal {(time.perf_counter() - started) / 60:.1f} min")
+    if scratch:
+        scratch.cleanup()
+
+
+if __name__ == "__main__":
+    main()
