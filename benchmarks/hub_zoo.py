@@ -24,7 +24,7 @@ import zoo
 from _bench import REPO, bytecode_env
 
 HUB_MODELS = Path(__file__).with_name("zoo") / "hub_models.py"
-SECTION = "## Hub zoo"
+SECTION = zoo.HUB_SECTION
 IMAGE_SIZE = 64
 TEXT = {"length": 16, "vocabulary": 100}
 TEXT_INPUTS = [{"name": "input_ids", "shape": [1, TEXT["length"]], "dtype": "int64"}]

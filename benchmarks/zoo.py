@@ -9,7 +9,7 @@ Nothing is downloaded: the image classifiers are trained briefly on scikit-learn
 (`model.train`, zoo_models.train_on_digits); the other models keep seeded random weights, with batch-norm
 statistics re-estimated on random batches.
 
-    .venv/bin/python benchmarks/zoo.py [--only NAME[,NAME]] [--quick] [--keep DIR] [--no-docs]
+    .venv/bin/python benchmarks/zoo.py [--only NAME[,NAME]] [--quick] [--keep DIR] [--no-docs] [--table]
 """
 
 import argparse
@@ -32,6 +32,7 @@ from _bench import REPO, bytecode_env
 MOBILEBUILD = Path(sys.executable).with_name("mobilebuild")
 FACTORIES = Path(__file__).with_name("zoo") / "zoo_models.py"
 DOCS = REPO / "docs" / "zoo.md"
+HUB_SECTION = "## Hub zoo"  # docs/zoo.md's section by benchmarks/hub_zoo.py, which this script's page keeps
 
 TARGETS = {  # column -> target entry
     "xnnpack": {"backend": "xnnpack"},
@@ -268,7 +269,8 @@ def meaning(line):
 
 
 def markdown(rows, quick, total):
-    """docs/zoo.md: what was run, the table (short cells), then every refusal and failure in full."""
+    """docs/zoo.md up to the hub zoo's section: what was run, the table (short cells), then every refusal and
+    failure in full."""
     versions = {package: version(package) for package in ("torch", "torchvision", "executorch", "onnxruntime",
                                                      "litert-torch", "ai-edge-litert")}
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -340,7 +342,7 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
   each ({runs} timed runs, one thread). Benchmarks measure alone on the host, so other builds
   running at the time lengthen it.
 
-| model | {' | '.join(TARGETS)} | time |
+{partial(rows)}| model | {' | '.join(TARGETS)} | time |
 |---|{'---|' * len(TARGETS)}---|"""]
     notes = []
     for name, about, cells, seconds, _, trained in rows:
@@ -363,6 +365,20 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
     return "\n".join(out) + "\n"
 
 
+def partial(rows):
+    """The page's line saying which models the run did not reach; empty when it built them all."""
+    missing = [name for name in ZOO if name not in {row[0] for row in rows}]
+    return f"**Partial:** the run stopped before {', '.join(missing)}; their rows are missing.\n\n" if missing else ""
+
+
+def write_docs(rows, quick, total):
+    """docs/zoo.md: the zoo's part rewritten, the hub zoo's section (benchmarks/hub_zoo.py) kept as it is."""
+    text = DOCS.read_text() if DOCS.exists() else ""
+    hub = text[text.find(HUB_SECTION):] if HUB_SECTION in text else ""
+    DOCS.parent.mkdir(exist_ok=True)
+    DOCS.write_text(markdown(rows, quick, total) + ("\n" + hub if hub else ""))
+
+
 def arguments(description, known, **more):
     """(the command line's arguments, the model names it picks of `known`); `more`: further options by name, each
     argparse's keywords."""
@@ -382,7 +398,12 @@ def arguments(description, known, **more):
 
 
 def main():
-    args, names = arguments(__doc__, ZOO)
+    args, names = arguments(__doc__, ZOO, table={
+        "action": "store_true", "help": "write the page from the rows a --keep folder holds, building nothing"})
+    if args.table:  # the page again from a kept run's rows (an interrupted run's, or its wording changed)
+        kept = json.loads((args.keep / "rows.json").read_text())
+        write_docs(kept["rows"], args.quick, kept["seconds"])
+        return
     scratch = None if args.keep else tempfile.TemporaryDirectory(prefix="zoo-")
     root = args.keep.resolve() if args.keep else Path(scratch.name)
     env = {**bytecode_env(root), "MOBILEBUILD_CACHE": "off"}
@@ -393,6 +414,8 @@ def main():
         rows.append((name, ZOO[name][0], cells, seconds, noise(lines), training_seconds(lines, name)))
         print(f"  {name}: {seconds:.0f} s{training(rows[-1][-1])} ({noise(lines)}): "
               + ", ".join(f"{column} {kind}" for column, (kind, _) in cells.items()), flush=True)
+        # after each model: an interrupted run leaves the rows it has, for --table
+        (root / "rows.json").write_text(json.dumps({"rows": rows, "seconds": time.perf_counter() - started}))
     total = time.perf_counter() - started
 
     for name, about, cells, seconds, log, trained in rows:
@@ -401,12 +424,10 @@ def main():
             print(f"  {column:10} {text}")
     print(f"\ntotal {total / 60:.1f} min")
     if not args.no_docs:
-        DOCS.parent.mkdir(exist_ok=True)
-        DOCS.write_text(markdown(rows, args.quick, total))
+        write_docs(rows, args.quick, total)
         print(f"wrote {DOCS.relative_to(REPO)}")
     if scratch:
         scratch.cleanup()
-
 
 if __name__ == "__main__":
     main()
