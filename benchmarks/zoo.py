@@ -145,6 +145,10 @@ MEANINGS = [
                                        "over the sequence, so its length cannot stay dynamic"),
     ("litert-torch cannot convert", "litert-torch: its torch.export, JAX lowering or MLIR converter has no path for "
                                     "an operation of the model (the line names it)"),
+    ("not implemented for 'Long'", "litert-torch's PT2E quantizer annotates both operands of a float mul, a 0-dim "
+                                   "int64 constant among them (RAFT's graph has such), and torchao's HistogramObserver "
+                                   "cannot calibrate it (torch.histc has no int64 kernel); reproduced with "
+                                   "litert-torch and torchao alone on `x * torch.tensor(2)`"),
     ("PythonAction Error", "mobilebuild: a stage crashed (traceback in the build output)"),
 ]
 
