@@ -61,25 +61,43 @@ def saved(model, mode, specs):
                                field="script")
     if mode != "script":
         return _bytes(to_torchscript(model, mode, modeling.example_inputs(specs))), None
+    saving = None  # torch.jit.save's own failure, once the model compiled: the library's, with its traceback
     try:
         # the compiler's notes on the model's annotations (timm's FX-quantized models: "instance-level annotations
         # on empty non-base types"): it compiles, or the fallback below says why not
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            return _bytes(torch.jit.script(model)), None
-    except Exception as exc:  # the TorchScript compiler and serializer raise many types
+            scripted = torch.jit.script(model)
+    except Exception as exc:  # the TorchScript compiler raises many types
         why = f"torch.jit.script failed ({modeling.first_line(exc)})"
+    else:
+        try:
+            return _bytes(scripted), None
+        except Exception as exc:  # the serializer too
+            why, saving = f"torch.jit.script failed ({modeling.first_line(exc)})", exc
     try:
         with warnings.catch_warnings():  # what they warn of (a size or branch recorded) is checked below
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            traced = to_torchscript(model, "trace", modeling.example_inputs(specs))
+            traced = _traced(model, specs, why)
+        checked = {size: _traced_sqnr(model, traced, specs, size, why) for size in modeling.sizes(specs)}
     except MobileBuildError as exc:
-        raise MobileBuildError(f"{why}, and so did tracing, its fallback: {exc.message}", field="script") from None
-    checked = {size: _traced_sqnr(model, traced, specs, size, why) for size in modeling.sizes(specs)}
+        if saving is None:
+            raise
+        # a model that compiles but does not save: what failed is the library's (its line and a log of its
+        # traceback, worker/failures.py); the fallback's verdict goes beside it
+        print(f"   note: its traced fallback cannot stand in: {exc.message}")
+        raise saving from None
     record = {"made_by": "torch.jit.trace", "asked": "torch.jit.script", "why": why, "checked_sqnr_db": checked}
     print(f"   note: {why}: traced instead, as the eager model at the "
           + ", ".join(f"{size} ({db:.1f} dB)" for size, db in checked.items()) + " sizes")
     return _bytes(traced, record), record
+
+
+def _traced(model, specs, why):
+    try:
+        return to_torchscript(model, "trace", modeling.example_inputs(specs))
+    except MobileBuildError as exc:
+        raise MobileBuildError(f"{why}, and so did tracing, its fallback: {exc.message}", field="script") from None
 
 
 def _traced_sqnr(model, traced, specs, size, why):
