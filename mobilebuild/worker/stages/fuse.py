@@ -141,9 +141,9 @@ def batch_norms(model):
 
 def still_channels(model):
     """{batch-norm path: its largest gain |weight| / sqrt(running_var + eps)} of the layers that normalise channels
-    whose running variance is at most eps: channels that never varied on the data the statistics came from (dead
-    after a ReLU, say). Dividing by sqrt(eps) alone, they multiply any change of their input, int8 rounding
-    included, by hundreds (timm's mobileone_s0 trained briefly: up to 970, its first stage's identity branches)."""
+    whose running variance is at most eps: channels that (almost) never varied on the data the statistics came from
+    (dead after a ReLU, say). Dividing by about sqrt(eps), they multiply any change of their input, int8 rounding
+    included, by hundreds (timm's mobileone_s0 trained briefly: up to 970, in its first stage's branches)."""
     found = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_var is not None:
