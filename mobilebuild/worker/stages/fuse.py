@@ -149,8 +149,8 @@ def still_channels(model):
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_var is not None:
             still = module.running_var <= module.eps
             if still.any():
-                weight = module.weight.detach()[still].abs() if module.weight is not None else torch.ones(1)
-                found[name] = float(weight.max() / (module.running_var[still].max() + module.eps).sqrt())
+                weight = module.weight.detach()[still].abs() if module.weight is not None else 1
+                found[name] = float((weight / (module.running_var[still] + module.eps).sqrt()).max())
     return found
 
 
