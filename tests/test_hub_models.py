@@ -113,7 +113,7 @@ def with_dead_channels(model, relu_norm, channels=4, batches=4):
 def test_fx_graph_mode_int8_keeps_the_channels_beside_a_large_folded_gain():
     """Batch norm folded into a convolution scales each output channel by its own factor: a channel normalised by
     sqrt(eps) alone gets weights hundreds of times the others', and qnnpack's default of one weight scale per tensor
-    rounded the rest away (the hub zoo's trained mobilenetv4_conv_small: -1.0 dB, cosine 0.26; 18.5 dB per channel).
+    rounded the rest away (the hub zoo's trained mobilenetv4_conv_small: -1.0 dB, cosine 0.26; 18.4 dB per channel).
     FX graph mode takes per-channel weights unless quantize.weights says otherwise, as ExecuTorch's and ONNX
     Runtime's quantizers do. Random weights otherwise: about 10 dB is what int8 gives this model either way."""
     model = with_dead_channels(modeling.build_model(source("mobilenetv4_conv_small"), seed=0), "blocks.1.1.bn1")
