@@ -55,11 +55,11 @@ def test_a_language_model_plans_its_own_stages_and_input(tmp_path):
 
 
 @pytest.mark.parametrize("change, changed", [
-    ({"max_context": 48}, {"lm_lower", "lm_onnx", "lm_verify", "lm_bench"}),
-    ({"prompt_lengths": [4]}, {"lm_verify", "lm_bench"}),
-    ({"new_tokens": 2}, {"lm_verify", "lm_bench"}),
-    ({"prompts": 3}, {"lm_verify"}),
-    ({"group_size": 16}, {"lm_lower", "lm_onnx"}),  # the grouped targets' only
+    ({"max_context": 48}, {"lm_lower", "lm_onnx", "lm_verify", "lm_bench", "lm_layers"}),
+    ({"prompt_lengths": [4]}, {"lm_verify", "lm_bench", "lm_layers"}),
+    ({"new_tokens": 2}, {"lm_verify", "lm_bench", "lm_layers"}),  # random held-out ids: their count
+    ({"prompts": 3}, {"lm_verify", "lm_layers"}),
+    ({"group_size": 16}, {"lm_lower", "lm_onnx", "lm_layers"}),  # the grouped targets' only
 ])
 def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change, changed):
     before = keys(tmp_path, LM)
@@ -68,7 +68,8 @@ def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change,
     differ = {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))}
     assert {name.split(":")[0] for name in differ} == changed
     if "group_size" in change:
-        assert differ == {"lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx-int4"}
+        assert differ == {"lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx-int4", "lm_layers:lm-et-8da4w",
+                          "lm_layers:lm-onnx-int4"}
 
 
 @pytest.mark.parametrize("change, expected", [
