@@ -1,0 +1,150 @@
+"""Quantized language model targets: quantize.exclude keeps linear layers float (ExecuTorch through torchao's
+filter, ONNX through onnxruntime's nodes_to_exclude), the per-layer ranking (lm_layers: each layer quantized alone)
+and `mobilebuild tune` choosing the layers to keep float. On the tiny Llama of test_generation and a Qwen2 from a
+small transformers config (a model we did not write)."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+from test_generation import LM, _plan_problems, keys
+from test_recipe import write
+
+import mobilebuild.routes  # noqa: F401  (the route families register their stages)
+from mobilebuild.plan import graph, recipe
+from mobilebuild.tune import command
+
+QWEN2 = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+
+
+def with_targets(*targets):
+    found = copy.deepcopy(LM)
+    found["targets"] = list(targets)
+    return found
+
+
+ET_8DA4W = {"backend": "xnnpack", "runtime": "executorch", "precision": "8da4w", "name": "et-8da4w"}
+ONNX_INT8 = {"backend": "onnx", "precision": "int8", "name": "onnx-int8"}
+
+
+# --- the plan ------------------------------------------------------------------------------------------------------
+
+def test_exclude_reaches_the_artifact_and_the_ranking_and_keys_only_where_set(tmp_path):
+    before = keys(tmp_path, with_targets(ET_8DA4W, ONNX_INT8))
+    excluded = with_targets({**ET_8DA4W, "quantize": {"exclude": ["lm_head"]}}, ONNX_INT8)
+    write(tmp_path, excluded)
+    (loaded,) = recipe.load_all(tmp_path)
+    nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, str(tmp_path))}
+    assert nodes["lm_lower:lm-et-8da4w"].settings.exclude == ["lm_head"]
+    assert nodes["lm_layers:lm-et-8da4w"].settings.exclude == ["lm_head"]  # its ranking leaves them out
+    assert "exclude" not in nodes["lm_onnx:lm-onnx-int8"].config  # unset: not in the key
+    after = keys(tmp_path, excluded)
+    changed = {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))}
+    assert changed == {"lm_lower:lm-et-8da4w", "lm_layers:lm-et-8da4w"}  # verify and bench: on the artifact's bytes
+
+
+def test_only_quantized_targets_get_a_ranking_and_verify_layers_turns_it_off(tmp_path):
+    write(tmp_path, LM)
+    (loaded,) = recipe.load_all(tmp_path)
+    ranked = {node.name for node in graph.recipe_nodes(loaded, str(tmp_path)) if node.stage == "lm_layers"}
+    assert ranked == {"lm-et-8da4w", "lm-onnx-int8", "lm-onnx-int4"}
+    write(tmp_path, {**copy.deepcopy(LM), "verify": {"layers": False}})
+    (loaded,) = recipe.load_all(tmp_path)
+    assert not [node for node in graph.recipe_nodes(loaded, str(tmp_path)) if node.stage == "lm_layers"]
+
+
+def test_an_fp32_target_that_excludes_is_one_line(tmp_path):
+    data = with_targets({"backend": "onnx", "quantize": {"exclude": ["lm_head"]}})
+    (line,) = _plan_problems(tmp_path, data)
+    assert line.endswith("targets[0].quantize.exclude: an fp32 target quantizes nothing: leave exclude out"), line
+
+
+# --- the worker: exclusion and the ranking's hook, on a Qwen2 -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen2():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**{key: value for key, value in QWEN2.items() if key != "model_type"})
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_exclude_entries_resolve_to_the_linear_layers_they_hold(qwen2):
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.worker import lm
+
+    assert lm.kept_float(qwen2, ["model.layers.1.mlp", "lm_head"], "8da4w") == (
+        "lm_head", "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj")
+    with pytest.raises(MobileBuildError, match="model.norm holds no linear layer, and 8da4w quantizes linear "
+                                               "layers only"):
+        lm.kept_float(qwen2, ["model.norm"], "8da4w")
+    with pytest.raises(MobileBuildError, match="no module named 'model.layers.7'"):
+        lm.kept_float(qwen2, ["model.layers.7"], "8da4w")
+
+
+def test_torchao_keeps_the_excluded_linears_float_and_the_ranking_puts_them_back(qwen2):
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.layers import lm_torchao
+
+    model = copy.deepcopy(qwen2)
+    lm.quantize_linears(model, "8da4w", 32, keep_float=("lm_head", "model.layers.0.self_attn.q_proj"))
+    plain = {name for name in lm.linear_layers(model) if type(model.get_submodule(name).weight) is torch.nn.Parameter}
+    assert plain == {"lm_head", "model.layers.0.self_attn.q_proj"}  # the others hold torchao's quantized weights
+
+    config = SimpleNamespace(precision="8da4w", group_size=32, exclude=["lm_head"])
+    quantizer = lm_torchao.Quantizer(copy.deepcopy(qwen2), config, None)
+    assert ("lm_head", "Linear") not in quantizer.layers and len(quantizer.layers) == 14
+    batch = [torch.arange(16).view(2, 8)]
+    (reference,) = quantizer.logits(batch, ())
+    (one,) = quantizer.logits(batch, ("model.layers.0.self_attn.v_proj",))
+    assert not torch.equal(reference, one) and torch.allclose(reference, one, atol=0.5)
+    assert torch.equal(quantizer.logits(batch, ())[0], reference)  # the float layer is back
+
+
+def test_meta_names_of_module_paths():
+    from mobilebuild.worker import export_llm
+
+    assert export_llm.meta_name("model.layers.3.self_attn.q_proj") == "layers.3.attention.wq"
+    assert export_llm.meta_name("model.layers.0.mlp.down_proj") == "layers.0.feed_forward.w2"
+    assert export_llm.meta_name("lm_head") == "output"
+
+
+# --- tune: a quantized language model target ------------------------------------------------------------------------
+
+@pytest.fixture
+def lm_project(tmp_path, monkeypatch):
+    data = with_targets({"backend": "onnx"}, ONNX_INT8)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "lm.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--target", "onnx"], "recipes/lm.yaml: targets[0]: onnx is fp32: tune chooses the layers a quantized language "
+                           "model keeps float (quantize.exclude); its quantized targets: onnx-int8"),
+    (["--target", "onnx-int8", "--goal", "top1_agreement=0.9"],
+     "mobilebuild tune: --goal: no threshold 'top1_agreement' (expected recipe, defaults or NAME=VALUE with NAME one "
+     "of sqnr_db, agreement, perplexity_ratio)"),
+])
+def test_tune_of_a_language_model_refuses_in_one_line(lm_project, capsys, args, line):
+    assert command.tune_command(["recipes/lm.yaml", *args]) == 2
+    assert capsys.readouterr().err.strip() == line
+
+
+def test_tune_of_a_language_model_plans_its_candidates_with_their_ranking(lm_project):
+    from mobilebuild.tune import search
+
+    options = command.parser().parse_args(["recipes/lm.yaml", "--target", "onnx-int8"])
+    session = command.Session(lm_project, options)
+    assert session.goal == {"sqnr_db": 15.0, "agreement": 0.0, "perplexity_ratio": 1.1} and session.from_recipe
+    candidates = [search.Candidate((), None, 0), search.Candidate(("model.layers.0.self_attn",), None, 2)]
+    nodes = session.write(candidates)
+    base, other = (session.cid(candidate) for candidate in candidates)
+    assert {f"lm_verify:lm.tune-{base}", f"lm_bench:lm.tune-{other}", f"lm_layers:lm.tune-{base}"} <= set(nodes)
+    assert nodes[f"lm_onnx:lm.tune-{other}"].settings.exclude == ["model.layers.0.self_attn"]
+    assert session.tasks_of(candidates[0]) == (f"lm_verify:lm.tune-{base}", f"lm_bench:lm.tune-{base}")
