@@ -110,13 +110,18 @@ def test_a_factory_language_model_must_name_its_input(tmp_path):
 
 # --- the worker: token by token on a tiny Llama ------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_llama():
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def random_lm(config):
+    """A transformers causal LM of a recipe's `config:` (model_type and fields), seeded random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(**{key: value for key, value in LLAMA.items() if key != "model_type"})
-    return AutoModelForCausalLM.from_config(config).eval()
+    fields = {key: value for key, value in config.items() if key != "model_type"}
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields)).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return random_lm(LLAMA)
 
 
 def test_the_eager_model_agrees_with_itself_and_noise_shows(tiny_llama):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from test_generation import LM, _plan_problems, keys
+from test_generation import LM, _plan_problems, keys, random_lm
 from test_recipe import write
 
 import mobilebuild.routes  # noqa: F401  (the route families register their stages)
@@ -66,11 +66,7 @@ def test_an_fp32_target_that_excludes_is_one_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def qwen2():
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    torch.manual_seed(0)
-    config = Qwen2Config(**{key: value for key, value in QWEN2.items() if key != "model_type"})
-    return AutoModelForCausalLM.from_config(config).eval()
+    return random_lm(QWEN2)
 
 
 def test_exclude_entries_resolve_to_the_linear_layers_they_hold(qwen2):
