@@ -4,6 +4,7 @@ and `mobilebuild tune` choosing the layers to keep float. On the tiny Llama of t
 small transformers config (a model we did not write)."""
 
 import copy
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -144,3 +145,26 @@ def test_tune_of_a_language_model_plans_its_candidates_with_their_ranking(lm_pro
     assert {f"lm_verify:lm.tune-{base}", f"lm_bench:lm.tune-{other}", f"lm_layers:lm.tune-{base}"} <= set(nodes)
     assert nodes[f"lm_onnx:lm.tune-{other}"].settings.exclude == ["model.layers.0.self_attn"]
     assert session.tasks_of(candidates[0]) == (f"lm_verify:lm.tune-{base}", f"lm_bench:lm.tune-{base}")
+
+
+# --- slow: the ranking through each route's quantizer, and a build that keeps layers float ---------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, precision", [("lm_torchao", "8da4w"), ("lm_onnx", "int4")])
+def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer(qwen2, tmp_path, monkeypatch,
+                                                                                method, precision):
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.stages import lm_layers
+
+    monkeypatch.setattr(lm, "causal_lm", lambda source, checkpoint: copy.deepcopy(qwen2))  # no checkpoint file
+    config = SimpleNamespace(method=f"mobilebuild.worker.layers.{method}", model=None, precision=precision,
+                             max_context=32, group_size=32, exclude=["lm_head"], prompt_lengths=[4, 8], new_tokens=4,
+                             prompts=2, text=None, seed=0, top=5)
+    lm_layers.run({"checkpoint": None}, config, tmp_path / "layers.json")
+    found = json.loads((tmp_path / "layers.json").read_text())
+    assert "error" not in found, found
+    ranked = [row["sqnr_db"] for row in found["layers"]]
+    assert len(ranked) == 5 and ranked == sorted(ranked) and found["samples"] == 4
+    assert {row["name"] for row in found["layers"]} <= set(lm.linear_layers(qwen2)) - {"lm_head"}
+    # every layer quantized costs more than the worst one alone
+    assert found["all_quantized_sqnr_db"] < ranked[0] < 60
