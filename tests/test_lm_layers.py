@@ -168,3 +168,26 @@ def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer
     assert {row["name"] for row in found["layers"]} <= set(lm.linear_layers(qwen2)) - {"lm_head"}
     # every layer quantized costs more than the worst one alone
     assert found["all_quantized_sqnr_db"] < ranked[0] < 60
+
+
+@pytest.mark.slow
+def test_a_build_keeps_the_excluded_layers_float_on_both_routes(project):
+    import onnx
+
+    project.write_recipe(with_targets(ET_8DA4W, {**ET_8DA4W, "name": "et-head", "quantize": {"exclude": ["lm_head"]}},
+                                      {**ONNX_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}}))
+    project.doit()
+    for target in ("et-8da4w", "et-head", "onnx-int8"):
+        verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
+        assert verified["status"] == "passed", verified
+        ranked = json.loads(project.artifact(f"lm/layers-{target}.json").read_text())
+        assert ranked["layers"] and "error" not in ranked, ranked
+    head = json.loads(project.artifact("lm/layers-et-head.json").read_text())
+    assert "lm_head" not in {row["name"] for row in head["layers"]}  # kept float: not ranked
+    # export_llm's program with its output layer float: a float [vocab, hidden] matrix more than int4's
+    assert project.artifact("lm/lm-et-head.pte").stat().st_size > project.artifact("lm/lm-et-8da4w.pte").stat().st_size
+    graph_ = onnx.load(project.artifact("lm/lm-onnx-int8.onnx")).graph
+    weights = {tensor.name for tensor in graph_.initializer}
+    float_matmuls = [node for node in graph_.node if node.op_type == "MatMul" and node.input[1] in weights]
+    assert len(float_matmuls) == 3  # the MLP's gate, up and down projections; the rest MatMulInteger
+    assert any(node.op_type == "MatMulInteger" for node in graph_.node)
