@@ -50,8 +50,11 @@ def test_exclude_reaches_the_artifact_and_the_ranking_and_keys_only_where_set(tm
 def test_only_quantized_targets_get_a_ranking_and_verify_layers_turns_it_off(tmp_path):
     write(tmp_path, LM)
     (loaded,) = recipe.load_all(tmp_path)
-    ranked = {node.name for node in graph.recipe_nodes(loaded, str(tmp_path)) if node.stage == "lm_layers"}
+    nodes = graph.recipe_nodes(loaded, str(tmp_path))
+    ranked = {node.name for node in nodes if node.stage == "lm_layers"}
     assert ranked == {"lm-et-8da4w", "lm-onnx-int8", "lm-onnx-int4"}
+    (manifest,) = [node for node in nodes if node.stage == "manifest"]
+    assert set(manifest.settings.layers) == {"et-8da4w", "onnx-int8", "onnx-int4"}  # the report's worst layers
     write(tmp_path, {**copy.deepcopy(LM), "verify": {"layers": False}})
     (loaded,) = recipe.load_all(tmp_path)
     assert not [node for node in graph.recipe_nodes(loaded, str(tmp_path)) if node.stage == "lm_layers"]
