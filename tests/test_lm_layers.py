@@ -194,3 +194,21 @@ def test_a_build_keeps_the_excluded_layers_float_on_both_routes(project):
     float_matmuls = [node for node in graph_.node if node.op_type == "MatMul" and node.input[1] in weights]
     assert len(float_matmuls) == 3  # the MLP's gate, up and down projections; the rest MatMulInteger
     assert any(node.op_type == "MatMulInteger" for node in graph_.node)
+
+
+@pytest.mark.slow
+def test_tune_keeps_the_worst_layer_of_a_qwen2_float_to_meet_the_goal(project):
+    from test_tune import tune
+
+    data = {**copy.deepcopy(LM), "name": "qwen", "model": {"transformers": "AutoModelForCausalLM", "config": QWEN2},
+            "targets": [{"backend": "onnx", "precision": "int4", "name": "onnx-int4"}]}
+    path = project.write_recipe(data)
+    # all quantized about 14.6 dB, lm_head float about 18.3 (one run, int4 in blocks of 32)
+    found, _ = tune(project, "recipes/qwen.yaml", "--target", "onnx-int4", "--goal", "sqnr_db=17")
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert "ranking (lm_onnx, worst first): lm_head" in found.stdout
+    winner = next(line for line in found.stdout.splitlines() if line.startswith("winner: "))
+    assert "1 float layer (lm_head)" in winner, found.stdout
+    patch = (project.root / ".mobilebuild" / "tune" / "qwen-onnx-int4.patch").read_text()
+    assert "+  quantize: {exclude: [lm_head]}" in patch
+    assert "lm_head" not in path.read_text()  # shown, not applied
