@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes import litert as litert_route
 from mobilebuild.routes.litert import ConvertConfig
 from mobilebuild.worker import reproducible
 from mobilebuild.worker.layers import litert as litert_layers
@@ -82,6 +83,7 @@ def test_fp32_conversion_matches_the_eager_model(converted):
     assert sqnr_db(converted["reference"], run_tflite(converted["fp32"], converted["x"])) > FP32_DB
     facts = runtime.inspect(converted["fp32"], None)
     assert facts["int8_operators"] == 0 and facts["constant_dtypes"].get("int8") is None
+    assert facts["float_weight_share"] == 1.0 and "% of the weight bytes" not in litert_route.structure(facts)
     assert [(i["shape"], i["dtype"]) for i in facts["inputs"]] == [([1, 3, 16, 16], "float32")]
     assert [(o["shape"], o["dtype"]) for o in facts["outputs"]] == [([1, 10], "float32")]
 
@@ -93,6 +95,7 @@ def test_int8_static_is_fully_integer_with_float_io_by_default(converted):
     assert facts["inputs"][0]["dtype"] == facts["outputs"][0]["dtype"] == "float32"
     assert facts["op_types"]["QUANTIZE"] >= 1 and facts["op_types"]["DEQUANTIZE"] >= 1
     assert facts["int8_operators"] >= 3  # two convolutions and the classifier at least
+    assert facts["float_weight_share"] == 0 and facts["weight_bytes"]["quantized"] > 16 * 8 * 9
     assert converted["int8"].stat().st_size < converted["fp32"].stat().st_size
 
 
@@ -118,6 +121,35 @@ def test_int8_dynamic_quantizes_weights_without_calibration(converted, tmp_path)
     facts = runtime.inspect(dynamic, None)
     assert facts["constant_dtypes"].get("int8", 0) >= 3
     assert facts["inputs"][0]["dtype"] == "float32"
+
+
+class Clip(nn.Module):
+    """A Conv3d (litert-torch converts its PT2E-quantized form to a float CONV_3D) and an int8 classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(3, 16, 3)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, clip):
+        return self.head(self.conv(clip).mean((2, 3, 4)))
+
+
+def test_an_int8_file_that_keeps_most_weights_float_says_so(tmp_path, capfd):
+    torch.manual_seed(0)
+    path = tmp_path / "fused.pt"
+    rebuild = tiny_models.stored_fused(Clip().eval(), path)
+    clip = {**INPUT, "name": "clip", "shape": [1, 3, 4, 8, 8]}
+    config = ConvertConfig(precision="int8", inputs=[clip], options={}, calibration=CALIBRATION, **rebuild)
+    litert.run({"model": path}, config, tmp_path / "clip.tflite")
+    printed = capfd.readouterr().out
+    facts = runtime.inspect(tmp_path / "clip.tflite", None)
+    assert facts["float_weight_share"] > 0.9 and next(iter(facts["float_weights_by_operator"])) == "CONV_3D", facts
+    assert facts["weight_bytes"]["float"] > 16 * 3 * 27 * 4 > facts["weight_bytes"]["quantized"], facts
+    assert [line.strip() for line in printed.splitlines()] == [
+        f"warning: {round(100 * facts['float_weight_share'])}% of the int8 model's weight bytes stay float, read by "
+        "CONV_3D (99%), ADD (1%); the converter left those operators float"], printed
+    assert "% of the weight bytes float" in litert_route.structure(facts)
 
 
 TOKENS = {"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous"}
