@@ -266,7 +266,13 @@ def test_several_typed_inputs_and_a_structured_output(tmp_path):
         expected = model(*examples)
     for found, wanted in zip(produced, (expected["score"], *expected["parts"]), strict=True):
         assert sqnr_db(wanted, found) > FP32_DB
-    assert runtime.inspect(tmp_path / "two.tflite", None)["inputs"][1]["dtype"] == "int32"  # narrowed by the converter
+    facts = runtime.inspect(tmp_path / "two.tflite", None)
+    assert facts["inputs"][1]["dtype"] == "int32"  # narrowed by the converter
+    # the recipe's input names, in the signature an app calls by name and in the input tensors
+    assert [found["name"] for found in facts["inputs"]] == ["serving_default_image", "serving_default_ids"]
+    named = runtime.interpreter(tmp_path / "two.tflite").get_signature_runner()
+    by_name = named(image=examples[0].numpy(), ids=examples[1].numpy().astype("int32"))
+    assert sqnr_db(expected["score"], torch.from_numpy(by_name["score"])) > FP32_DB
 
 
 # --- the per-layer comparison ------------------------------------------------------------------------------------
