@@ -14,9 +14,12 @@ from types import SimpleNamespace
 import pytest
 import tiny_models
 import torch
+from conftest import tiny_recipe
 from torch import nn
 
+from mobilebuild import store
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.results import release
 from mobilebuild.routes import litert as litert_route
 from mobilebuild.routes.litert import ConvertConfig
 from mobilebuild.worker import reproducible
@@ -425,3 +428,31 @@ def test_outside_models_build_verify_bench_and_report_through_litert(project):
     report = project.artifact("report.md").read_text()
     assert "LiteRT, xnnpack, int8" in report and "LiteRT, gpu-delegate, fp32" in report
     assert project.doit() == []  # up to date: nothing runs again
+
+
+@pytest.mark.slow
+def test_a_release_ships_the_tflite_files_and_verify_release_rebuilds_them_byte_for_byte(project, tmp_path, capsys):
+    """`mobilebuild release` of a built LiteRT fp32 and int8 target: release.json lists each .tflite as verified on
+    the host, the copies are the build's, and verify-release converts both again in a scratch checkout and gets
+    the same bytes."""
+    project.write_recipe(tiny_recipe(targets=[
+        {"backend": "xnnpack", "runtime": "litert"},
+        {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"}]))
+    subprocess.run(["git", "init", "-q"], cwd=project.root, check=True)
+    (project.root / ".gitignore").write_text("artifacts/\n.doit.db*\n.mobilebuild/\n/release*/\n")
+    project.doit()
+    out = project.root / "release"
+    document = release.collect(project.root, out)
+    shipped = {"tiny/tiny-xnnpack-litert.tflite": "fp32", "tiny/tiny-litert-int8.tflite": "int8"}
+    assert sorted(document["files"]) == sorted(shipped), document["files"]
+    x = modeling.example_inputs([{**INPUT, "shape": [1, 3, 8, 8]}], seed=7)[0]
+    for path, precision in shipped.items():
+        entry = document["files"][path]
+        assert (entry["runtime"], entry["precision"]) == ("litert", precision), entry
+        assert entry["verification"]["status"] == "passed", entry["verification"]
+        assert entry["sha256"] == store.sha256_file(out / path) == store.sha256_file(project.artifact(path))
+        assert run_tflite(out / path, x).shape == (1, 5)  # the released file runs in LiteRT's interpreter
+    assert release.verify(project.root, out, scratch=tmp_path / "scratch") == []  # rebuilt byte for byte
+    progress = capsys.readouterr().err
+    for task in ("litert:tiny-litert-int8", "litert:tiny-xnnpack-litert"):  # converted again, from scratch
+        assert f": {task}\n" in progress, progress
