@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import pytest
 import tiny_models
 import torch
-from conftest import tiny_recipe
 from torch import nn
 
 from mobilebuild import store
@@ -435,6 +434,8 @@ def test_a_release_ships_the_tflite_files_and_verify_release_rebuilds_them_byte_
     """`mobilebuild release` of a built LiteRT fp32 and int8 target: release.json lists each .tflite as verified on
     the host, the copies are the build's, and verify-release converts both again in a scratch checkout and gets
     the same bytes."""
+    from conftest import tiny_recipe  # here: the cross-checkout test copies this module without conftest
+
     project.write_recipe(tiny_recipe(targets=[
         {"backend": "xnnpack", "runtime": "litert"},
         {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"}]))

@@ -135,7 +135,8 @@ def weights(model):
                 owners.setdefault(graph.tensors[index].buffer, set()).add(kind)
     stored, by_operator = {"float": 0, "quantized": 0}, collections.Counter()
     for buffer, tensor in {tensor.buffer: tensor for tensor in graph.tensors if _size(model, tensor)}.items():
-        scaled = tensor.quantization is not None and tensor.quantization.scale is not None
+        scaled = tensor.quantization is not None and len(tensor.quantization.scale if tensor.quantization.scale
+                                                          is not None else ()) > 0
         if tensor.type in FLOAT_TYPES:
             stored["float"] += _size(model, tensor)
             for kind in sorted(owners.get(buffer, ())):
@@ -154,7 +155,7 @@ def float_weights_line(facts):
     if share is None or share <= 0.5:
         return None
     kinds = ", ".join(f"{kind} ({100 * count / total:.0f}%)" for kind, count in
-                      facts["float_weights_by_operator"].items())
+                      facts["float_weights_by_operator"].items() if count * 200 >= total)  # what rounds to 1% or more
     return f"{100 * share:.0f}% of the int8 model's weight bytes stay float, read by {kinds or 'no operator'}"
 
 
