@@ -67,9 +67,18 @@ def run_tflite(path, *inputs, threads=1):
     return runtime.load(path, SimpleNamespace(timing={"threads": threads}))(*inputs)
 
 
+class Conversions(dict):
+    """The fixture's values; its "fp32" and "int8" conversions are made when a test first reads them (converting is
+    the slow part, about a second each), so that no one test's setup pays for both."""
+
+    def __missing__(self, precision):
+        self[precision] = convert_to(self["fused"], self["folder"], precision, precision)
+        return self[precision]
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """The model's eager outputs and its fp32 and int8 conversions (converting is the slow part: seconds each)."""
+    """The model's eager outputs and its fp32 and int8 conversions."""
     folder = tmp_path_factory.mktemp("litert")
     model = make()
     x = modeling.example_inputs([INPUT], seed=100)[0]  # not one of the calibration batches
@@ -77,8 +86,7 @@ def converted(tmp_path_factory):
         reference = model(x)
     path = folder / "fused.pt"
     fused = path, tiny_models.stored_fused(fuse.fuse(model, "auto")[0], path)
-    return {"x": x, "reference": reference, "fused": fused, "folder": folder,
-            "fp32": convert_to(fused, folder, "fp32"), "int8": convert_to(fused, folder, "int8", "int8")}
+    return Conversions(x=x, reference=reference, fused=fused, folder=folder)
 
 
 def test_fp32_conversion_matches_the_eager_model(converted):
