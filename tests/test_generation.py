@@ -193,8 +193,8 @@ def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(
     changed = lm_recipe(prompt_lengths=[4])
     project.write_recipe(changed)
     rebuilt = project.doit()
-    assert rebuilt and {name.split(":")[0] for name in rebuilt} <= {"lm_verify", "lm_bench", "verified", "manifest",
-                                                                   "plot"}, rebuilt
+    assert rebuilt and {name.split(":")[0] for name in rebuilt} <= {"lm_verify", "lm_bench", "lm_layers", "verified",
+                                                                   "manifest", "plot"}, rebuilt
 
 
 def test_the_report_has_a_generation_table_for_a_language_model():
