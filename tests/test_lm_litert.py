@@ -39,15 +39,22 @@ def test_a_language_model_plans_a_litert_conversion_keyed_on_its_prompt_lengths(
             and name.startswith("lm_litert")} == {"lm_litert:lm-xnnpack-litert", "lm_litert:lm-litert-int8"}
 
 
-@pytest.mark.parametrize("target, group_size, expected", [
-    ({"precision": "int4"}, 16, "generate.group_size: LiteRT's int4 (litert-torch's dynamic_int4 recipes) takes "
-                                "blocks of 32 or 128 weights, not 16"),
-    ({"precision": "8da4w"}, 32, "targets[0].precision: precision '8da4w' is not available for a language model "
-                                 "on xnnpack (litert); expected one of fp32, int8, int4"),
+GPT2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64}
+
+
+@pytest.mark.parametrize("target, group_size, config, expected", [
+    ({"precision": "int4"}, 16, None, "generate.group_size: LiteRT's int4 (litert-torch's dynamic_int4 recipes) takes "
+                                      "blocks of 32 or 128 weights, not 16"),
+    ({"precision": "8da4w"}, 32, None, "targets[0].precision: precision '8da4w' is not available for a language "
+                                       "model on xnnpack (litert); expected one of fp32, int8, int4"),
+    ({}, 32, GPT2, "model.config.model_type: model_type 'gpt2': litert-torch 0.10's generative path for transformers "
+                   "models (export_hf) imports TensorFlow"),
 ])
-def test_bad_litert_language_model_settings_are_one_line_each(tmp_path, target, group_size, expected):
+def test_bad_litert_language_model_settings_are_one_line_each(tmp_path, target, group_size, config, expected):
     data = litert_lm(group_size=group_size)
     data["targets"] = [{**TARGETS[0], **target}]
+    if config:
+        data["model"]["config"] = config
     found = _plan_problems(tmp_path, data)
     assert any(expected in line for line in found), found
     assert all("\n" not in line for line in found)

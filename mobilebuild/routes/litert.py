@@ -138,6 +138,8 @@ stages.register(stages.Stage(
 
 # litert-torch's dynamic-range int4 recipes (generative.utilities.converter.QuantizationName): blocks of 32 or 128
 INT4_BLOCKS = (32, 128)
+LLAMA_ONLY = ("litert-torch 0.10's generative path for transformers models (export_hf) imports TensorFlow, which this "
+              "toolchain does not install, and its re-authored decoder is mapped here for model_type 'llama' only")
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,9 @@ class LMConvertConfig:
 
 def lm_convert(chain):
     exported = generation.export_config(chain)
+    model_type = (exported.model.get("config") or {}).get("model_type")
+    if model_type not in (None, "llama"):  # a pretrained folder's or a factory's model is checked by the worker
+        raise chain.error(f"model_type {model_type!r}: {LLAMA_ONLY}", "model.config.model_type")
     if chain.precision == "int4" and exported.group_size not in INT4_BLOCKS:
         raise chain.error(f"LiteRT's int4 (litert-torch's dynamic_int4 recipes) takes blocks of "
                           f"{' or '.join(map(str, INT4_BLOCKS))} weights, not {exported.group_size}: set "

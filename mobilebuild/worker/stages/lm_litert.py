@@ -23,6 +23,7 @@ import types
 import torch
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.litert import LLAMA_ONLY
 from mobilebuild.worker import lm
 from mobilebuild.worker.runtimes import litert as runtime
 from mobilebuild.worker.stages import litert
@@ -57,9 +58,7 @@ def _tflite_schema_for_tensorflow():
 def not_plain_llama(config):
     """Why litert-torch's re-authored decoder, as mapped here, does not build this model exactly (None: it does)."""
     if config.model_type != "llama":
-        return (f"model_type {config.model_type!r}: litert-torch 0.10's generative path for transformers models "
-                "(export_hf) imports TensorFlow, which this toolchain does not install, and its re-authored decoder "
-                "is mapped here for model_type 'llama' only")
+        return f"model_type {config.model_type!r}: {LLAMA_ONLY}"
     rope = getattr(config, "rope_parameters", None) or {}
     for field, found, expected in (("attention_bias", config.attention_bias, False),
                                    ("mlp_bias", config.mlp_bias, False), ("hidden_act", config.hidden_act, "silu"),
