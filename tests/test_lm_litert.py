@@ -47,8 +47,8 @@ GPT2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_h
                                       "blocks of 32 or 128 weights, not 16"),
     ({"precision": "8da4w"}, 32, None, "targets[0].precision: precision '8da4w' is not available for a language "
                                        "model on xnnpack (litert); expected one of fp32, int8, int4"),
-    ({}, 32, GPT2, "model.config.model_type: model_type 'gpt2': litert-torch 0.10's generative path for transformers "
-                   "models (export_hf) imports TensorFlow"),
+    ({}, 32, GPT2, "model.config.model_type: model_type 'gpt2': LiteRT's generative path takes model_type 'llama' "
+                   "only (litert-torch's export_hf needs TensorFlow)"),
 ])
 def test_bad_litert_language_model_settings_are_one_line_each(tmp_path, target, group_size, config, expected):
     data = litert_lm(group_size=group_size)

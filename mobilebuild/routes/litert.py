@@ -138,8 +138,10 @@ stages.register(stages.Stage(
 
 # litert-torch's dynamic-range int4 recipes (generative.utilities.converter.QuantizationName): blocks of 32 or 128
 INT4_BLOCKS = (32, 128)
-LLAMA_ONLY = ("litert-torch 0.10's generative path for transformers models (export_hf) imports TensorFlow, which this "
-              "toolchain does not install, and its re-authored decoder is mapped here for model_type 'llama' only")
+LM_PRECISIONS = ("fp32", "int8", "int4")  # int8, int4: dynamic-range (weights int8 or int4, activations float)
+# why (worker/stages/lm_litert.py, which checks a pretrained folder's or a factory's model): litert-torch 0.10's
+# exporter for other transformers models (export_hf) imports TensorFlow, which the toolchain does not install
+LLAMA_ONLY = "LiteRT's generative path takes model_type 'llama' only (litert-torch's export_hf needs TensorFlow)"
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class LMConvertConfig:
 def lm_convert(chain):
     exported = generation.export_config(chain)
     model_type = (exported.model.get("config") or {}).get("model_type")
-    if model_type not in (None, "llama"):  # a pretrained folder's or a factory's model is checked by the worker
+    if model_type not in (None, "llama"):
         raise chain.error(f"model_type {model_type!r}: {LLAMA_ONLY}", "model.config.model_type")
     if chain.precision == "int4" and exported.group_size not in INT4_BLOCKS:
         raise chain.error(f"LiteRT's int4 (litert-torch's dynamic_int4 recipes) takes blocks of "
@@ -174,7 +176,6 @@ stages.register(stages.Stage(
     "lm_litert", LMConvertConfig, {"checkpoint": ("checkpoint",)},
     "Language models as LiteRT models (.tflite): prefill and decode signatures with a static KV cache.", "#d9ead3",
     plan=lm_convert, recipe_fields=generation.recipe_fields(LMConvertConfig)))
-LM_PRECISIONS = ("fp32", "int8", "int4")  # int8, int4: dynamic-range (weights int8 or int4, activations float)
 
 SECTION = Section("litert", SCHEMA)
 CHECKS = Checks(preflight=preflight, outputs=outputs)

@@ -23,14 +23,15 @@ import types
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.routes.litert import LLAMA_ONLY
-from mobilebuild.worker import lm
+from mobilebuild.worker import lm, progress
 from mobilebuild.worker.runtimes import litert as runtime
 from mobilebuild.worker.stages import litert
 
 RECIPES = {("fp32", None): "none", ("int8", None): "dynamic_int8", ("int4", 32): "dynamic_int4_block32",
            ("int4", 128): "dynamic_int4_block128"}  # litert_torch.generative.utilities.converter.QuantizationName
 SCHEMA_MODULE = "tensorflow.lite.python.schema_py_generated"
+LLAMA_ONLY = ("litert-torch 0.10's generative path for transformers models (export_hf) imports TensorFlow, which this "
+              "toolchain does not install, and its re-authored decoder is mapped here for model_type 'llama' only")
 
 
 @contextlib.contextmanager
@@ -107,6 +108,8 @@ def tflite_bytes(model, config, scratch):
         from litert_torch.generative.utilities.export_config import ExportConfig
 
     decoder = reauthored(model, config.max_context)
+    progress.note(f"converting with litert-torch's generative converter ({len(config.prompt_lengths)} prefill "
+                  "signature(s) and decode)")
     with litert.converting(), torch.no_grad():
         try:
             path = converter.convert_to_tflite(
