@@ -103,14 +103,15 @@ def reauthored(model, max_context):
 
 
 def tflite_bytes(model, config, scratch):
-    with _tflite_schema_for_tensorflow():
-        from litert_torch.generative.utilities import converter
-        from litert_torch.generative.utilities.export_config import ExportConfig
-
-    decoder = reauthored(model, config.max_context)
-    progress.note(f"converting with litert-torch's generative converter ({len(config.prompt_lengths)} prefill "
-                  "signature(s) and decode)")
+    # importing litert-torch prints absl's preamble and oneDNN's notice natively: inside converting(), they go
     with litert.converting(), torch.no_grad():
+        with _tflite_schema_for_tensorflow():
+            from litert_torch.generative.utilities import converter
+            from litert_torch.generative.utilities.export_config import ExportConfig
+
+        decoder = reauthored(model, config.max_context)
+        progress.note(f"converting with litert-torch's generative converter ({len(config.prompt_lengths)} prefill "
+                      "signature(s) and decode)")
         try:
             path = converter.convert_to_tflite(
                 decoder, scratch, "lm", sorted(config.prompt_lengths), config.max_context,
