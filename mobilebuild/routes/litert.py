@@ -12,7 +12,9 @@ from mobilebuild.plan.stages import when_set
 from mobilebuild.routes.torchscript import TORCH_OBSERVERS
 
 FAMILY = "LiteRT"
-PACKAGES = ("litert-torch", "ai-edge-litert", "litert-converter", "ai-edge-quantizer")
+# what converts (litert-torch lowers through JAX to litert-converter), quantizes (torchao's PT2E, ai-edge-quantizer)
+# and runs (ai-edge-litert): the versions that key this family's nodes
+PACKAGES = ("litert-torch", "ai-edge-litert", "litert-converter", "ai-edge-quantizer", "torchao", "jax", "jaxlib")
 # measured with litert-torch 0.10.0: a Linear on a 3-D input and an Embedding with a symbolic sequence length both
 # fail in its JAX lowering ("reshape new_sizes must all be positive", "Shapes must be 1D sequences of concrete values")
 FIXED = "litert-torch 0.10 converts at fixed sizes (its JAX lowering fails on a symbolic size)"
