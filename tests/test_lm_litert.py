@@ -31,7 +31,11 @@ def test_a_language_model_plans_a_litert_conversion_keyed_on_its_prompt_lengths(
     nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, str(tmp_path))}
     assert {"lm_litert:lm-xnnpack-litert", "lm_litert:lm-litert-int8", "lm_verify:lm-litert-int8",
             "lm_bench:lm-xnnpack-litert"} <= set(nodes)
-    assert nodes["lm_litert:lm-xnnpack-litert"].output.endswith(".tflite")
+    converted = nodes["lm_litert:lm-xnnpack-litert"]
+    assert converted.output.endswith(".tflite")
+    # keyed on litert-torch's version, as the family's other nodes, and on no other family's packages
+    assert {"litert-torch", "ai-edge-litert"} <= set(converted.key()["toolchain"])
+    assert "executorch" not in converted.key()["toolchain"]
     before = keys(tmp_path, litert_lm())
     after = keys(tmp_path, litert_lm(prompt_lengths=[4]))
     # its prefill signatures take the prompt lengths: the conversion reads them, unlike the other LM routes'
