@@ -15,6 +15,7 @@ does not declare and this toolchain does not install. The re-authored decoder is
 """
 
 import contextlib
+import importlib.util
 import os
 import sys
 import tempfile
@@ -42,7 +43,7 @@ def _tflite_schema_for_tensorflow():
     from ai_edge_litert import schema_py_generated
 
     names = ["tensorflow", "tensorflow.lite", "tensorflow.lite.python"]
-    if any(name in sys.modules for name in names):  # a real TensorFlow (or its stand-in) is there already
+    if "tensorflow" in sys.modules or importlib.util.find_spec("tensorflow") is not None:  # a real one
         yield
         return
     for name in names:
