@@ -52,7 +52,7 @@ GPT2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_h
     ({"precision": "8da4w"}, 32, None, "targets[0].precision: precision '8da4w' is not available for a language "
                                        "model on xnnpack (litert); expected one of fp32, int8, int4"),
     ({}, 32, GPT2, "model.config.model_type: model_type 'gpt2': LiteRT's generative path takes model_type 'llama' "
-                   "only (litert-torch's export_hf needs TensorFlow)"),
+                   "or 'qwen2' only (litert-torch's export_hf needs TensorFlow)"),
 ])
 def test_bad_litert_language_model_settings_are_one_line_each(tmp_path, target, group_size, config, expected):
     data = litert_lm(group_size=group_size)
@@ -65,14 +65,44 @@ def test_bad_litert_language_model_settings_are_one_line_each(tmp_path, target, 
 
 
 def test_a_model_litert_torchs_decoder_does_not_build_is_refused_naming_why():
-    from transformers import GPT2Config, LlamaConfig
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
     from mobilebuild.worker.stages import lm_litert
 
-    assert lm_litert.not_plain_llama(LlamaConfig(hidden_size=32, num_attention_heads=2)) is None
-    assert "model_type 'gpt2'" in lm_litert.not_plain_llama(GPT2Config())
-    assert "export_hf" in lm_litert.not_plain_llama(GPT2Config())
-    assert lm_litert.not_plain_llama(LlamaConfig(attention_bias=True)).startswith("attention_bias True")
+    assert lm_litert.not_mapped(LlamaConfig(hidden_size=32, num_attention_heads=2, attention_bias=True)) is None
+    assert lm_litert.not_mapped(Qwen2Config(hidden_size=32, num_attention_heads=2)) is None
+    assert "model_type 'gpt2'" in lm_litert.not_mapped(GPT2Config())
+    assert "export_hf" in lm_litert.not_mapped(GPT2Config())
+    assert lm_litert.not_mapped(LlamaConfig(hidden_act="gelu")).startswith("hidden_act 'gelu'")
+    assert lm_litert.not_mapped(Qwen2Config(use_sliding_window=True)).startswith("use_sliding_window True")
+
+
+@pytest.mark.slow
+def test_a_qwen2_with_biases_and_tied_embeddings_converts_exactly(tmp_path):
+    """transformers' Qwen2ForCausalLM from a tiny config: its query, key and value biases (random here: transformers
+    initialises them to zero) and its tied lm_head go into litert-torch's decoder."""
+    import types
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.runtimes import litert
+    from mobilebuild.worker.stages import lm_litert, lm_verify
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0, 0.5)
+    config = types.SimpleNamespace(precision="fp32", group_size=None, max_context=16, prompt_lengths=[4],
+                                   timing={"threads": 1})
+    data = lm_litert.tflite_bytes(model.eval(), config, str(tmp_path))
+    found = lm_verify.compare_prompt(litert.generator(data, config), lm.EagerGenerator(model),
+                                     torch.arange(4).view(1, -1), 4)
+    assert found["sqnr_prefill_db"] > 60 and found["sqnr_decode_db"] > 60 and found["agreement"] == 1.0
 
 
 @pytest.mark.slow

@@ -141,9 +141,12 @@ stages.register(stages.Stage(
 # litert-torch's dynamic-range int4 recipes (generative.utilities.converter.QuantizationName): blocks of 32 or 128
 INT4_BLOCKS = (32, 128)
 LM_PRECISIONS = ("fp32", "int8", "int4")  # int8, int4: dynamic-range (weights int8 or int4, activations float)
-# why (worker/stages/lm_litert.py, which checks a pretrained folder's or a factory's model): litert-torch 0.10's
-# exporter for other transformers models (export_hf) imports TensorFlow, which the toolchain does not install
-LLAMA_ONLY = "LiteRT's generative path takes model_type 'llama' only (litert-torch's export_hf needs TensorFlow)"
+# the transformers architectures the worker maps onto litert-torch's re-authored decoder (worker/stages/lm_litert.py,
+# which also checks a pretrained folder's or a factory's model): its exporter for the others (export_hf) imports
+# TensorFlow, which the toolchain does not install
+ARCHITECTURES = ("llama", "qwen2")
+NOT_MAPPED = ("LiteRT's generative path takes model_type 'llama' or 'qwen2' only (litert-torch's export_hf needs "
+              "TensorFlow)")
 
 
 @dataclass(frozen=True)
@@ -162,8 +165,8 @@ class LMConvertConfig:
 def lm_convert(chain):
     exported = generation.export_config(chain)
     model_type = (exported.model.get("config") or {}).get("model_type")
-    if model_type not in (None, "llama"):
-        raise chain.error(f"model_type {model_type!r}: {LLAMA_ONLY}", "model.config.model_type")
+    if model_type not in (None, *ARCHITECTURES):
+        raise chain.error(f"model_type {model_type!r}: {NOT_MAPPED}", "model.config.model_type")
     if chain.precision == "int4" and exported.group_size not in INT4_BLOCKS:
         raise chain.error(f"LiteRT's int4 (litert-torch's dynamic_int4 recipes) takes blocks of "
                           f"{' or '.join(map(str, INT4_BLOCKS))} weights, not {exported.group_size}: set "

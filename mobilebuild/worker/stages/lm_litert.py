@@ -11,7 +11,8 @@ as the kernels run); int4 `dynamic_int4_block32` / `_block128` (generate.group_s
 
 Why not litert-torch's exporter for transformers models (`generative.export_hf`), the path for any architecture:
 in litert-torch 0.10.0 it imports TensorFlow at import time (export_hf/model_ext/bonsai_flux2), which litert-torch
-does not declare and this toolchain does not install. The re-authored decoder is mapped here for a plain Llama only.
+does not declare and this toolchain does not install. The re-authored decoder is mapped here for transformers'
+Llama and Qwen2 (their biases included; default rotary embedding, SiLU, no sliding window).
 """
 
 import contextlib
@@ -31,8 +32,12 @@ from mobilebuild.worker.stages import litert
 RECIPES = {("fp32", None): "none", ("int8", None): "dynamic_int8", ("int4", 32): "dynamic_int4_block32",
            ("int4", 128): "dynamic_int4_block128"}  # litert_torch.generative.utilities.converter.QuantizationName
 SCHEMA_MODULE = "tensorflow.lite.python.schema_py_generated"
-LLAMA_ONLY = ("litert-torch 0.10's generative path for transformers models (export_hf) imports TensorFlow, which this "
-              "toolchain does not install, and its re-authored decoder is mapped here for model_type 'llama' only")
+# the transformers architectures whose weights litert-torch's re-authored decoder takes as mapped here (a Qwen2 is a
+# Llama with biases on its query, key and value projections)
+ARCHITECTURES = ("llama", "qwen2")
+NOT_MAPPED = ("litert-torch 0.10's generative path for transformers models (export_hf) imports TensorFlow, which this "
+              "toolchain does not install, and its re-authored decoder is mapped here for model_type 'llama' and "
+              "'qwen2' only")
 
 
 @contextlib.contextmanager
@@ -57,31 +62,44 @@ def _tflite_schema_for_tensorflow():
             sys.modules.pop(name, None)
 
 
-def not_plain_llama(config):
+def not_mapped(config):
     """Why litert-torch's re-authored decoder, as mapped here, does not build this model exactly (None: it does)."""
-    if config.model_type != "llama":
-        return f"model_type {config.model_type!r}: {LLAMA_ONLY}"
+    if config.model_type not in ARCHITECTURES:
+        return f"model_type {config.model_type!r}: {NOT_MAPPED}"
     rope = getattr(config, "rope_parameters", None) or {}
-    for field, found, expected in (("attention_bias", config.attention_bias, False),
-                                   ("mlp_bias", config.mlp_bias, False), ("hidden_act", config.hidden_act, "silu"),
-                                   ("rope_parameters.rope_type", rope.get("rope_type", "default"), "default")):
+    for field, found, expected in (("hidden_act", config.hidden_act, "silu"),
+                                   ("rope_parameters.rope_type", rope.get("rope_type", "default"), "default"),
+                                   ("use_sliding_window", getattr(config, "use_sliding_window", False), False)):
         if found != expected:
-            return (f"{field} {found!r}: litert-torch's re-authored Llama is mapped here with {field} {expected!r} "
+            return (f"{field} {found!r}: litert-torch's re-authored decoder is mapped here with {field} {expected!r} "
                     "only")
     return None
 
 
+def biases(config):
+    """(query/key/value, output projection, MLP): which projections have biases."""
+    if config.model_type == "qwen2":
+        return True, False, False
+    return config.attention_bias, config.attention_bias, config.mlp_bias
+
+
+def head_dim(config):
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def model_config(config, max_context):
-    """litert-torch's ModelConfig of a transformers Llama configuration."""
+    """litert-torch's ModelConfig of a transformers Llama or Qwen2 configuration."""
     import litert_torch.generative.layers.model_config as cfg
 
+    qkv_bias, output_bias, mlp_bias = biases(config)
     norm = cfg.NormalizationConfig(type=cfg.NormalizationType.RMS_NORM, epsilon=config.rms_norm_eps)
     attention = cfg.AttentionConfig(
-        num_heads=config.num_attention_heads, head_dim=config.head_dim, num_query_groups=config.num_key_value_heads,
-        rotary_base=config.rope_parameters["rope_theta"], rotary_percentage=1.0)
+        num_heads=config.num_attention_heads, head_dim=head_dim(config), num_query_groups=config.num_key_value_heads,
+        rotary_base=config.rope_parameters["rope_theta"], rotary_percentage=1.0, qkv_use_bias=qkv_bias,
+        output_proj_use_bias=output_bias)
     feed_forward = cfg.FeedForwardConfig(type=cfg.FeedForwardType.GATED,
                                          activation=cfg.ActivationConfig(cfg.ActivationType.SILU),
-                                         intermediate_size=config.intermediate_size)
+                                         intermediate_size=config.intermediate_size, use_bias=mlp_bias)
     block = cfg.TransformerBlockConfig(attn_config=attention, ff_config=feed_forward,
                                        pre_attention_norm_config=norm, post_attention_norm_config=norm)
     return cfg.ModelConfig(vocab_size=config.vocab_size, num_layers=config.num_hidden_layers, max_seq_len=max_context,
@@ -129,7 +147,7 @@ def tflite_bytes(model, config, scratch):
 
 def run(inputs, config, output):
     model = lm.causal_lm(config.model, inputs["checkpoint"])
-    refusal = not_plain_llama(model.config)
+    refusal = not_mapped(model.config)
     if refusal:
         raise MobileBuildError(f"litert (LiteRT) cannot build this language model: {refusal}", field="model")
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
