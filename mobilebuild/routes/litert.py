@@ -91,8 +91,12 @@ def structure(facts):
     if facts.get("operators") is None:
         return ""
     weights = ", ".join(f"{count} {dtype}" for dtype, count in mapping(facts.get("constant_dtypes")).items())
+    # a quantized file's float weights: what quantize.exclude kept, or operators the converter left float (CONV_3D)
+    share = facts.get("float_weight_share")
+    kept = (f"; {100 * share:.0f}% of the weight bytes float"
+            if mapping(facts.get("weight_bytes")).get("quantized") and isinstance(share, float) else "")
     return (f"{text(facts.get('int8_operators'))} of {text(facts.get('operators'))} operators on integers; "
-            f"constants: {weights or 'none'}")
+            f"constants: {weights or 'none'}{kept}")
 
 
 # --- mobilebuild check ------------------------------------------------------------------------------------------
