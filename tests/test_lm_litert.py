@@ -1,7 +1,7 @@
 """Language models on LiteRT (routes/litert.py's generative block, worker/stages/lm_litert.py, the LiteRT runtime's
 generator): the plan's node and what keys it, one-line refusals, and (slow) a tiny random Llama converted by
 litert-torch's generative converter, verified token by token and timed through real doit, its bytes the same from
-two checkouts."""
+two checkouts; a tiny Qwen2 with biases and tied embeddings against its eager model."""
 
 import copy
 import json
