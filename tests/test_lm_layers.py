@@ -60,10 +60,15 @@ def test_only_quantized_targets_get_a_ranking_and_verify_layers_turns_it_off(tmp
     assert not [node for node in graph.recipe_nodes(loaded, str(tmp_path)) if node.stage == "lm_layers"]
 
 
-def test_an_fp32_target_that_excludes_is_one_line(tmp_path):
-    data = with_targets({"backend": "onnx", "quantize": {"exclude": ["lm_head"]}})
-    (line,) = _plan_problems(tmp_path, data)
-    assert line.endswith("targets[0].quantize.exclude: an fp32 target quantizes nothing: leave exclude out"), line
+@pytest.mark.parametrize("target, expected", [
+    ({"backend": "onnx"}, "targets[0].quantize.exclude: an fp32 target quantizes nothing: leave exclude out"),
+    ({"backend": "xnnpack", "runtime": "litert", "precision": "int8"},
+     "targets[0].quantize.exclude: LiteRT's generative converter quantizes the whole model (litert-torch's recipes): "
+     "it keeps no layer float; leave exclude out"),
+])
+def test_a_target_that_cannot_keep_layers_float_refuses_exclude_in_one_line(tmp_path, target, expected):
+    (line,) = _plan_problems(tmp_path, with_targets({**target, "quantize": {"exclude": ["lm_head"]}}))
+    assert line.endswith(expected), line
 
 
 # --- the worker: exclusion and the ranking's hook, on a Qwen2 -------------------------------------------------------
@@ -117,7 +122,8 @@ def test_meta_names_of_module_paths():
 
 @pytest.fixture
 def lm_project(tmp_path, monkeypatch):
-    data = with_targets({"backend": "onnx"}, ONNX_INT8)
+    data = with_targets({"backend": "onnx"}, ONNX_INT8,
+                        {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "lt-int8"})
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "lm.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     monkeypatch.chdir(tmp_path)
@@ -126,7 +132,10 @@ def lm_project(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args, line", [
     (["--target", "onnx"], "recipes/lm.yaml: targets[0]: onnx is fp32: tune chooses the layers a quantized language "
-                           "model keeps float (quantize.exclude); its quantized targets: onnx-int8"),
+                           "model keeps float (quantize.exclude); its targets it can tune: onnx-int8"),
+    (["--target", "lt-int8"], "recipes/lm.yaml: targets[2]: lt-int8 (xnnpack, litert) has no per-layer ranking for "
+                              "language models: tune chooses the layers a quantized language model keeps float "
+                              "(quantize.exclude); its targets it can tune: onnx-int8"),
     (["--target", "onnx-int8", "--goal", "top1_agreement=0.9"],
      "mobilebuild tune: --goal: no threshold 'top1_agreement' (expected recipe, defaults or NAME=VALUE with NAME one "
      "of sqnr_db, agreement, perplexity_ratio)"),

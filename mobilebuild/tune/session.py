@@ -182,10 +182,11 @@ class Session:
         self.precision = routes.generative_precision(self.route, target)
         self.stages = (generation.VERIFY, generation.BENCH, generation.LAYERS)
         if self.precision == "fp32" or not self.route.generation.layers:
-            able = [t.id for t in self.recipe.targets if _tunable_lm(t, file)]
-            raise Refused(f"{file}: targets[{target.index}]: {target.id} is {self.precision}: tune chooses the "
-                          f"layers a quantized language model keeps float (quantize.exclude); its quantized "
-                          f"targets: {', '.join(able) or 'none'}")
+            able = ", ".join(t.id for t in self.recipe.targets if _tunable_lm(t, file)) or "none"
+            why = (f"is {self.precision}" if self.precision == "fp32" else
+                   f"({self.route.backend}, {self.route.runtime}) has no per-layer ranking for language models")
+            raise Refused(f"{file}: targets[{target.index}]: {target.id} {why}: tune chooses the layers a quantized "
+                          f"language model keeps float (quantize.exclude); its targets it can tune: {able}")
         self.observers, self.effective = [None], {None: "none"}
         self.threshold_field = f"generate.thresholds.{self.precision}"
         defaults = generation.DEFAULT_THRESHOLDS[self.precision]
