@@ -117,6 +117,12 @@ MEANINGS = [
      "torch.ao's eager quantization has no quantized form of a weight-normed Conv1d (Wav2Vec2's positional "
      "convolution) [prepare and convert of QuantStub, weight_norm(Conv1d), DeQuantStub raise the same "
      "AssertionError]"),
+    ("not implemented for 'Long'",
+     "litert-torch's PT2E quantizer annotates both operands of a float mul, one an int64 tensor constant (EdgeNeXt "
+     "makes int64 tensors only in its Fourier positional encoding), and torchao's HistogramObserver cannot calibrate "
+     "it (torch.histc has no int64 kernel) [torch.export of timm's edgenext_xx_small, prepare_pt2e with litert-torch's "
+     "PT2EQuantizer (symmetric, per channel) and one calibration call raise the same NotImplementedError at the same "
+     "observer, activation_post_process_58, on an int64 _tensor_constant feeding aten.mul]"),
 ]
 
 
