@@ -117,6 +117,13 @@ MEANINGS = [
      "torch.ao's eager quantization has no quantized form of a weight-normed Conv1d (Wav2Vec2's positional "
      "convolution) [prepare and convert of QuantStub, weight_norm(Conv1d), DeQuantStub raise the same "
      "AssertionError]"),
+    ("has no attribute 'device'",
+     "torch.ao's FX graph-mode quantization: EdgeNeXt's positional encoding reads token_projection.weight.device, "
+     "which FX records as an attribute read; convert_fx swaps that convolution for a quantized one whose weight is a "
+     "method, so the converted model fails on its first run [timm's edgenext_xx_small with the weights this build "
+     "trained, prepare_fx with torch.ao's qnnpack default qconfig mapping, one calibration call, convert_fx and one "
+     "run raise the same AttributeError; with untrained weights that run fails earlier, in QNNPACK's add: a layer "
+     "scale of 1e-6 gives a scale ratio below 2^-14]"),
     ("not implemented for 'Long'",
      "litert-torch's PT2E quantizer annotates both operands of a float mul, one an int64 tensor constant (EdgeNeXt "
      "makes int64 tensors only in its Fourier positional encoding), and torchao's HistogramObserver cannot calibrate "
