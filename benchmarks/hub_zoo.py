@@ -201,7 +201,7 @@ models' int8 is dynamic on qnnpack, onnx-int8 and litert-int8; on et-int8 it is 
 dynamic int8 where PT2E fails on transformers' mask code). {counts}.
 """]
     if missing:
-        out.append(f"**Partial:** no build reached {', '.join(missing)}; their rows are missing.\n")
+        out.append(f"**Partial:** no build of {', '.join(missing)} finished; their rows are missing.\n")
     if note:
         out.append(f"{note}\n")
     out += [f"| model | {' | '.join(columns)} | time |", f"|---|{'---|' * len(columns)}---|"]
