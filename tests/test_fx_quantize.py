@@ -98,6 +98,29 @@ def test_a_model_written_for_eager_mode_keeps_its_error():
         quantize.static_any(Stubbed().eval(), "qnnpack", batches, None, "quantize.calibration", INPUTS)
 
 
+class ReadsItsWeightsDevice(nn.Module):
+    """As timm's EdgeNeXt does in its positional encoding: FX records the read of `weight.device`, and convert_fx
+    swaps the convolution for a quantized one whose `weight` is a method."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        mask = torch.zeros(x.shape).to(device=self.conv.weight.device, dtype=torch.bool)
+        return self.conv(x) + x.masked_fill(mask, 0.0)
+
+
+def test_a_graph_module_that_fails_on_the_engine_is_one_line_naming_the_model_source(capfd):
+    """torch.fx prints the failing GraphModule's traceback before it raises again: none of it reaches the console."""
+    with pytest.raises(MobileBuildError, match="fails on the qnnpack engine: 'function' object has no attribute "
+                                               "'device'") as caught:
+        quantize.static_any(ReadsItsWeightsDevice().eval(), "qnnpack", batches, None, "quantize.calibration",
+                            INPUTS, source_field="model.timm")
+    assert caught.value.field == "model.timm"
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_what_stays_float_is_named():
     class WithSilu(nn.Module):
         def __init__(self):

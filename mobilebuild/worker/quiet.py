@@ -36,6 +36,14 @@ def quiet(logs=logging.CRITICAL, warnings=True, output=True):
 
 
 @contextlib.contextmanager
+def fx_reports_dropped():
+    """What Python code prints to sys.stderr, dropped: torch.fx prints a failing GraphModule's traceback and an excerpt
+    of its generated code there before it raises the exception again, which the stage then says in one line."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+@contextlib.contextmanager
 def dropped_logs(module, *patterns, logger=None):
     """Log records that the Python module named `module` (its file's name, as logging records it) logs to `logger`
     (the root logger by default) and whose message matches one of the regular expressions `patterns` go; every

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import quiet
 from mobilebuild.worker.stages import modeling
 
 CYCLE = ("example", "min", "max")  # the first batch, which ExecuTorch exports, at the example sizes
@@ -153,7 +154,8 @@ def calibrate(model, batches, field):
     with torch.no_grad():
         for batch in batches:
             try:
-                model(*batch)
+                with quiet.fx_reports_dropped():  # not the batches' own code: a calibration function may print
+                    model(*batch)
             except Exception as exc:  # batches of the wrong shape or type, from the user's calibration function
                 raise MobileBuildError(f"the model rejects a calibration batch {modeling.shape_of(batch)}: "
                                        f"{modeling.first_line(exc)}", field=field) from None

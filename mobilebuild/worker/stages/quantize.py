@@ -233,7 +233,8 @@ def check_runs(model, specs, engine, field):
     said = []  # the engine's own reason, which its exception leaves out (the second run's is the same)
 
     def forward(watcher=contextlib.nullcontext()):
-        with torch.no_grad(), watcher, quiet.native_stderr(kept=said, kept_prefix=ENGINE_ERRORS, once=True):
+        with torch.no_grad(), watcher, quiet.native_stderr(kept=said, kept_prefix=ENGINE_ERRORS, once=True), \
+                quiet.fx_reports_dropped():
             model(*modeling.example_inputs(specs))
 
     try:
@@ -274,7 +275,9 @@ def stored_state(quantized, engine, field):
 
 def run(inputs, config, output):
     engine, weights = config.engine, config.weights
-    source_field = "model.factory" if "factory" in config.model else "model.torchvision"
+    # the recipe's model source, which the model's failures point at
+    source_field = next((f"model.{kind}" for kind in ("factory", "timm", "transformers") if kind in config.model),
+                        "model.torchvision")
     note = None
     if config.mode != "qat":
         fused = fuse.load(inputs["model"], config)
