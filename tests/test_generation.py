@@ -152,6 +152,68 @@ def test_a_plain_llama_takes_export_llms_path_with_meta_names(tiny_llama):
     assert export_llm.params(tiny_llama.config)["n_kv_heads"] == 1
 
 
+QWEN = {key: value for key, value in LLAMA.items() if key != "model_type"}
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def tiny_qwen(request):
+    """A tiny Qwen2 (biases on q, k, v) or Qwen3 (RMSNorm on queries and keys) with random weights, its norms and
+    biases moved off their initial values so that a mapping that dropped them would show."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(request.param, **QWEN, head_dim=16)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    return model
+
+
+def test_qwen_takes_export_llms_path_with_its_own_names(tiny_qwen):
+    from mobilebuild.worker import export_llm
+
+    assert export_llm.fits(tiny_qwen, "fp32") and export_llm.fits(tiny_qwen, "8da4w")
+    state, settings = export_llm.meta_state(tiny_qwen), export_llm.params(tiny_qwen.config)
+    assert len(state) == len(tiny_qwen.state_dict()) and settings["head_dim"] == 16
+    if tiny_qwen.config.model_type == "qwen2":
+        assert {"layers.0.attention.wq.bias", "layers.0.attention.wv.bias"} <= set(state)
+        assert settings["attention_qkv_bias"] and not settings.get("use_qk_norm")
+    else:
+        assert {"layers.0.attention.q_norm_fn.weight", "layers.0.attention.k_norm_fn.weight"} <= set(state)
+        assert settings["use_qk_norm"] and settings["qk_norm_before_rope"]
+
+
+def test_a_model_export_llms_llama_would_build_wrongly_does_not_fit(tiny_qwen):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mobilebuild.worker import export_llm
+
+    sliding = AutoConfig.for_model(tiny_qwen.config.model_type, **QWEN, use_sliding_window=True, sliding_window=8,
+                                   max_window_layers=0)
+    assert not export_llm.fits(AutoModelForCausalLM.from_config(sliding), "fp32")
+    biased = AutoConfig.for_model("llama", **QWEN, attention_bias=True)
+    assert not export_llm.fits(AutoModelForCausalLM.from_config(biased), "fp32")
+
+
+@pytest.mark.slow
+def test_qwen_through_export_llm_agrees_with_transformers(tiny_qwen, tmp_path):
+    """ExecuTorch's Llama definition with Qwen's settings and the mapped weights: the prefill's and a decode step's
+    logits as the transformers model's."""
+    from mobilebuild.worker import export_llm
+    from mobilebuild.worker.executorch_setup import ensure_flatc
+    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.worker.stages.lm_verify import sqnr_db
+
+    ensure_flatc()
+    program = et_runtime.Generator(export_llm.program_bytes(tiny_qwen, "fp32", 32, 32, str(tmp_path)))
+    prompt = torch.arange(1, 9).view(1, -1)
+    with torch.no_grad():
+        assert sqnr_db(tiny_qwen(prompt).logits[0, -1], program.forward(prompt, 0)[0, -1]) > 100
+        longer = torch.cat([prompt, torch.tensor([[5]])], dim=1)
+        assert sqnr_db(tiny_qwen(longer).logits[0, -1], program.forward(longer[:, -1:], 8)[0, -1]) > 100
+
+
 def test_prompts_spread_over_the_held_out_text():
     from mobilebuild.worker import lm
 
