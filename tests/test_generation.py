@@ -71,6 +71,16 @@ def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change,
         assert differ == {"lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx-int4"}
 
 
+def test_an_executorch_lm_is_timed_on_the_selected_device_by_the_llm_runner(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOBILEBUILD_ADB_SERIAL", "R58M")
+    write(tmp_path, LM)
+    (loaded,) = recipe.load_all(tmp_path)
+    settings = {node.task_name: node.settings for node in graph.recipe_nodes(loaded, str(tmp_path))}
+    assert settings["lm_bench:lm-xnnpack-executorch"].device == {"serial": "R58M",
+                                                                 "binary": "/data/local/tmp/llama_main"}
+    assert settings["lm_bench:lm-onnx"].device is None and settings["lm_bench:lm-eager"].device is None
+
+
 @pytest.mark.parametrize("change, expected", [
     ({"generate": {"max_context": 8, "prompt_lengths": [8]}},
      "generate.max_context: the longest prompt (8) and new_tokens (16) exceed max_context (8)"),
@@ -265,8 +275,12 @@ def test_the_report_has_a_generation_table_for_a_language_model():
                 "benchmarks": {"eager": {**timed, "decode_tokens_per_s": 1000.0}, "et": timed}}
     (section,) = report_data.build([manifest]).sections
     assert section.generation.cells[1] == ["et", "8da4w", "passed", "0.300", "16: 0.50, 64: 1.50", "4000", "500",
-                                           "0.812", "33.1", "21.600", "21.700"]
+                                           "0.812", "33.1", "21.600", "21.700", "not measured on a device"]
     assert section.generation.cells[0][:3] == ["eager fp32", "fp32", "reference"]
+    timed["device"] = {"status": "ran", "serial": "R58M", "prompt_lengths": {
+        "16": {"ttft_ms": 12, "decode_ms_per_token": 2.25}, "64": {"ttft_ms": 31, "decode_ms_per_token": 2.5}}}
+    (section,) = report_data.build([manifest]).sections
+    assert section.generation.cells[1][-1] == "16: TTFT 12 ms, 2.2 ms/token, 64: TTFT 31 ms, 2.5 ms/token on R58M"
     assert report_data.GENERATION_TITLE in report_markdown.render(report_data.build([manifest]))
     for result in (manifest["verification"]["et"], *manifest["benchmarks"].values()):
         result["generation"] = False

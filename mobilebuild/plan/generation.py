@@ -66,6 +66,7 @@ class LMBenchConfig:
     prompt_lengths: list
     new_tokens: int
     timing: dict  # warmup, iters, threads (recipe.benchmark)
+    device: dict | None = None  # an Android device to time it on too, with the route's LLM runner
 
 
 def recipe_fields(config):
@@ -91,11 +92,11 @@ def _verify_config(chain, runtime):
         default_thresholds=defaults)
 
 
-def bench_config(recipe, runtime, source):
+def bench_config(recipe, runtime, source, device=None):
     generate = recipe.generate
     return LMBenchConfig(**runtime, model=source, max_context=generate["max_context"],
                          prompt_lengths=generate["prompt_lengths"], new_tokens=generate["new_tokens"],
-                         timing={key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")})
+                         timing={key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}, device=device)
 
 
 def target_nodes(chain, root):
@@ -109,7 +110,8 @@ def target_nodes(chain, root):
                         {"artifact": final, "checkpoint": chain.nodes["checkpoint"]},
                         f"{chain.out}/verify-{target.id}.json", files=chain.source_files + text_files,
                         fields=chain.fields)
-    bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source), {"artifact": final},
+    device = route.generation.device(recipe.benchmark["device"]) if route.generation.device else None
+    bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source, device), {"artifact": final},
                        f"{chain.out}/bench-{target.id}.json", fields=chain.fields)
     entry = {"target": target.id, "backend": route.backend, "runtime": route.runtime, "precision": chain.precision,
              "path": final.output, "runs_on_host": route.runs_on_host, "device_only": route.runs.device_only,

@@ -83,10 +83,12 @@ class Checks:
 class Generation:
     """How a route builds a decoder-only language model with its KV cache (a recipe with `generate:`): the stage
     that writes the artifact from the checkpoint, and its precisions (the first is the default). The route's runtime
-    module gives `generator(path, config)`, which runs the artifact a step at a time (worker/lm.py)."""
+    module gives `generator(path, config)`, which runs the artifact a step at a time (worker/lm.py). `device`:
+    (benchmark.device) -> the Android device and runner that time the artifact there, or None: not on a device."""
 
     stage: str
     precisions: tuple
+    device: Callable | None = None
 
 
 @dataclass(frozen=True)

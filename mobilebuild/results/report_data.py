@@ -689,6 +689,17 @@ def _per_length(row, key, digits):
     return ", ".join(f"{length}: {_fixed(_get(values, key), digits)}" for length, values in lengths.items()) or NONE
 
 
+def _on_device(row):
+    """What the device run of a language model's artifact found, or that there was none."""
+    found = _dict(_get(row.benchmark, "device"))
+    if found.get("status") != "ran":
+        return "not measured on a device"
+    lengths = _dict(found.get("prompt_lengths"))
+    return ", ".join(f"{length}: TTFT {_fixed(_get(values, 'ttft_ms'), 0)} ms, "
+                     f"{_fixed(_get(values, 'decode_ms_per_token'), 1)} ms/token" for length, values in lengths.items()
+                     ) + f" on {found.get('serial')}"
+
+
 GENERATION_COLUMNS = [
     Column("target", "", False, lambda row: row.label),
     Column("precision", "", False, lambda row: _text(row.precision)),
@@ -701,6 +712,7 @@ GENERATION_COLUMNS = [
     Column("SQNR (dB)", "", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
     Column("perplexity", "", True, lambda row: _fixed(row.metric("perplexity_artifact"), 3)),
     Column("eager perplexity", "", True, lambda row: _fixed(row.metric("perplexity_eager"), 3)),
+    Column("on a device (prompt length: llama_main's figures)", "", False, _on_device),
 ]
 
 
