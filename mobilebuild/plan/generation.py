@@ -17,8 +17,8 @@ VERIFY, BENCH = "lm_verify", "lm_bench"
 GROUPED = ("8da4w", "int4")  # weights quantized in groups of generate.group_size
 
 # What a target must reach when the recipe sets no thresholds for its precision (generate.thresholds). On the
-# bundled tiny Llama, one build: fp32 120-125 dB, every token agreeing; int8 weights 35 dB; 8da4w and int4 about
-# 24 dB with about three quarters of the tokens agreeing; perplexity within 0.5%.
+# bundled 2.5 M-parameter Llama, one build: fp32 118-125 dB, every token agreeing; int8 weights 37 dB; 8da4w and
+# int4 26-29 dB with about four fifths of the tokens agreeing; perplexity within 0.1% (docs/llm.md).
 DEFAULT_THRESHOLDS = {
     "fp32": {"sqnr_db": 40.0, "agreement": 0.9, "perplexity_ratio": 1.01},
     "int8": {"sqnr_db": 15.0, "agreement": 0.5, "perplexity_ratio": 1.1},
