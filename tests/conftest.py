@@ -51,6 +51,54 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
+def pytest_collection_finish(session):
+    """Each library's one-time start-up in this process, paid once before the first test, so that `--durations`
+    charges no test with it: ExecuTorch's (its imports, torch.export's first capture, the XNNPACK pattern graphs it
+    builds on its first lowering: about 7 s of CPU) and LiteRT's (litert-torch's imports and first conversion),
+    each only where a collected test module imports that route's stage."""
+    import sys
+    import tempfile
+
+    warm = {"mobilebuild.worker.stages.lower": _lower_once, "mobilebuild.worker.stages.litert": _convert_once}
+    wanted = [start for module, start in warm.items() if module in sys.modules]
+    if wanted and session.items:
+        with tempfile.TemporaryDirectory() as folder:
+            for start in wanted:
+                start(Path(folder))
+
+
+TINY_IMAGE = {"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}
+
+
+def _tiny_convnet():
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+
+
+def _lower_once(folder):
+    from types import SimpleNamespace
+
+    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.worker.stages import lower, modeling
+
+    (folder / "warm.pte").write_bytes(lower.lower_to_bytes(_tiny_convnet(), [TINY_IMAGE], "xnnpack"))
+    program = et_runtime.load(folder / "warm.pte", SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
+    program(*modeling.example_inputs([TINY_IMAGE]))
+
+
+def _convert_once(folder):
+    from types import SimpleNamespace
+
+    from mobilebuild.worker.runtimes import litert as litert_runtime
+    from mobilebuild.worker.stages import litert, modeling
+
+    with litert.converting():
+        (folder / "warm.tflite").write_bytes(litert.convert(_tiny_convnet(), [TINY_IMAGE]))
+    program = litert_runtime.load(folder / "warm.tflite", SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
+    program(*modeling.example_inputs([TINY_IMAGE]))
+
+
 # The token input of tiny_models' Transformers, as test_export, test_layers and test_layers_onnx declare it.
 TOKENS = {"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous",
           "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}

@@ -72,6 +72,21 @@ def test_keys_hold_only_what_a_node_uses(tmp_path):
     assert set(nodes["fuse:tiny"].key()["toolchain"]) >= {"python", "torch", "torchvision", "mobilebuild"}
 
 
+def test_a_node_is_keyed_on_its_own_routes_packages_only(tmp_path):
+    """Registering or upgrading one route family (LiteRT's converter, say) rebuilds none of another's nodes."""
+    nodes = nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "onnx"},
+                                                     {"backend": "xnnpack", "runtime": "executorch", "name": "et"}]))
+    toolchains = {name: set(node.key()["toolchain"]) for name, node in nodes.items()}
+    executorch, onnx, litert = {"executorch", "torchao"}, {"onnx", "onnxruntime"}, {"litert-torch", "ai-edge-litert"}
+    for name in ("fuse:tiny", "optimize:tiny-xnnpack", "verify:tiny-xnnpack"):
+        assert {"python", "torch", "torchvision", "mobilebuild", "stages_sha256"} <= toolchains[name]
+        assert not (executorch | onnx | litert) & toolchains[name], name
+    for name in ("lower:tiny-et", "verify:tiny-et", "bench:tiny-et"):
+        assert executorch <= toolchains[name] and not (onnx | litert) & toolchains[name], name
+    for name in ("export:tiny-onnx", "verify:tiny-onnx"):
+        assert onnx <= toolchains[name] and not (executorch | litert) & toolchains[name], name
+
+
 def test_a_factory_in_the_repository_is_a_dependency(tmp_path):
     (tmp_path / "tinynet.py").write_text("")
     nodes = nodes_for(tmp_path, tiny_recipe())

@@ -86,8 +86,10 @@ def test_a_timm_model_plans_and_builds_with_random_weights(tmp_path):
         modeling.build_model({"timm": "lcnet_05"}, seed=0)
 
 
+@pytest.mark.slow
 def test_a_timm_models_input_defaults_to_its_pretrained_image_size_read_once(tmp_path, monkeypatch):
-    """The plan's process imports neither torch nor timm: the probe runs in a subprocess of its own, once."""
+    """The plan's process imports neither torch nor timm: the probe runs in a subprocess of its own, once (slow: two
+    fresh Pythons, the probe's importing torch and timm, about 4.5 s on an idle machine)."""
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes/lc.yaml").write_text("name: lc\nmodel: {timm: mobilenetv3_small_050}\n"
                                               "targets: [{backend: xnnpack}]\n")

@@ -169,8 +169,9 @@ class Chain:
         return MobileBuildError(message, file=self.recipe.file, field=self.where(name))
 
     def node(self, stage, name, settings, inputs, output, **extra):
-        """A node of `stage` for this target's recipe (see checked_node)."""
-        return checked_node(self.recipe, stage, name, settings, inputs, output, **extra)
+        """A node of `stage` for this target (see checked_node), keyed on its route's packages."""
+        return checked_node(self.recipe, stage, name, settings, inputs, output, packages=self.route.runs.packages,
+                            **extra)
 
     def shipped(self, stage, settings, inputs, files=()):
         """The node that writes the target's shipped artifact."""
@@ -300,18 +301,18 @@ def prune(chain):
         return None
     tag = _weights_tag(chain)
     config = stages.PruneConfig(model=chain.source, prune=chain.target.prune)
-    return chain.node("prune", chain.recipe.name + tag, config, {"checkpoint": chain.nodes["checkpoint"]},
-                      f"{chain.out}/pruned{tag}.pt",
-                      files=chain.source_files, fields=chain.fields if chain.own_weights else {})
+    return checked_node(chain.recipe, "prune", chain.recipe.name + tag, config,
+                        {"checkpoint": chain.nodes["checkpoint"]}, f"{chain.out}/pruned{tag}.pt",
+                        files=chain.source_files, fields=chain.fields if chain.own_weights else {})
 
 
 def fuse(chain):
     tag = _weights_tag(chain)
     recipe = chain.recipe
-    return chain.node("fuse", recipe.name + tag,
-                      stages.FuseConfig(model=chain.source, fuse=recipe.fuse, inputs=recipe.inputs),
-                      {"checkpoint": chain.nodes.get("prune") or chain.nodes["checkpoint"]},
-                      f"{chain.out}/fused{tag}.pt", files=chain.source_files)
+    return checked_node(recipe, "fuse", recipe.name + tag,
+                        stages.FuseConfig(model=chain.source, fuse=recipe.fuse, inputs=recipe.inputs),
+                        {"checkpoint": chain.nodes.get("prune") or chain.nodes["checkpoint"]},
+                        f"{chain.out}/fused{tag}.pt", files=chain.source_files)
 
 
 def quantize(chain):
@@ -332,9 +333,11 @@ def quantize(chain):
     config = stages.QuantizeConfig(engine=route.engine, mode=settings["mode"], weights=settings.get("weights"),
                                    inputs=recipe.inputs, model=chain.source, fuse=recipe.fuse, calibration=calibration,
                                    exclude=exclude, observer=observer)
-    return chain.node("quantize", name, config, inputs,
-                      f"{chain.out}/quantized-{name.removeprefix(recipe.name + '-')}.pt",
-                      files=chain.source_files + files, fields=chain.fields if chain.own_quantization else {})
+    return checked_node(recipe, "quantize", name, config, inputs,
+                        f"{chain.out}/quantized-{name.removeprefix(recipe.name + '-')}.pt",
+                        files=chain.source_files + files, fields=chain.fields if chain.own_quantization else {})
 
 
-CHAIN = (prune, fuse, quantize)  # before every route's own stages
+# Before every route's own stages, and shared by the targets that share their settings: made by checked_node, not
+# Chain.node, they run on torch alone and are keyed on no route's packages.
+CHAIN = (prune, fuse, quantize)

@@ -25,6 +25,9 @@ class Node:
     # Seconds it may run before its worker is stopped (the recipe's `limits`, by its stage's Stage.limit); None: no
     # limit. Not part of the key: it changes no artifact.
     time_limit: float | None = None
+    # The packages of the route whose stage this is (Route.runs.packages), beyond torch and torchvision: the versions
+    # that key it (toolchain.versions). Shared nodes (checkpoint, prune, fuse, quantize, manifest) run on torch alone.
+    packages: tuple = ()
 
     @functools.cached_property
     def config(self):
@@ -36,7 +39,8 @@ class Node:
         return f"{self.stage}:{self.name}"
 
     def key(self):
-        return {"stage": self.stage, "config": self.config, "toolchain": toolchain.versions(self.interpreter)}
+        return {"stage": self.stage, "config": self.config,
+                "toolchain": toolchain.versions(self.interpreter, self.packages)}
 
     def dependencies(self):
         return [*self.inputs.values(), *self.files]

@@ -12,7 +12,9 @@ from mobilebuild.plan.stages import when_set
 from mobilebuild.routes.torchscript import TORCH_OBSERVERS
 
 FAMILY = "LiteRT"
-PACKAGES = ("litert-torch", "ai-edge-litert", "litert-converter", "ai-edge-quantizer")
+# what converts (litert-torch lowers through JAX to litert-converter), quantizes (torchao's PT2E, ai-edge-quantizer)
+# and runs (ai-edge-litert): the versions that key this family's nodes
+PACKAGES = ("litert-torch", "ai-edge-litert", "litert-converter", "ai-edge-quantizer", "torchao", "jax", "jaxlib")
 # measured with litert-torch 0.10.0: a Linear on a 3-D input and an Embedding with a symbolic sequence length both
 # fail in its JAX lowering ("reshape new_sizes must all be positive", "Shapes must be 1D sequences of concrete values")
 FIXED = "litert-torch 0.10 converts at fixed sizes (its JAX lowering fails on a symbolic size)"
@@ -89,8 +91,12 @@ def structure(facts):
     if facts.get("operators") is None:
         return ""
     weights = ", ".join(f"{count} {dtype}" for dtype, count in mapping(facts.get("constant_dtypes")).items())
+    # a quantized file's float weights: what quantize.exclude kept, or operators the converter left float (CONV_3D)
+    share = facts.get("float_weight_share")
+    kept = (f"; {100 * share:.0f}% of the weight bytes float"
+            if mapping(facts.get("weight_bytes")).get("quantized") and isinstance(share, float) else "")
     return (f"{text(facts.get('int8_operators'))} of {text(facts.get('operators'))} operators on integers; "
-            f"constants: {weights or 'none'}")
+            f"constants: {weights or 'none'}{kept}")
 
 
 # --- mobilebuild check ------------------------------------------------------------------------------------------

@@ -7,14 +7,17 @@ Names: litert-torch names a tensor after the module stack it came from, each mod
 under the root's class ("pkg.Net/torch.nn.modules.conv.Conv2d_conv1;2"); a fused operator's output carries each
 fused module's location, the last one's first ("...ReLU_1;;...Conv2d_0;1"). Those map back to module paths here by
 building the same strings from the float model's modules; a tensor whose location is no module's (an operation the
-model's own forward runs, a tensor the converter made) is counted as unmapped, never guessed. Where a module wrote
-several tensors, its last one (in the interpreter's order) is its output; a model output, which the signature names,
-is the module's that its operator's weights are named after.
+model's own forward runs, a tensor the converter made) is counted as unmapped, by operator, never guessed. Where a
+module wrote several tensors, its last one (in the interpreter's order) is its output; a model output, which the
+signature names, is the module's that its operator's weights are named after; a QUANTIZE after an operator LiteRT
+computed in float (a squeeze-excitation's Hardsigmoid) gives that module's output.
 
 Unlike the shadow comparisons of the other routes, the interpreter cannot run one operator on the float model's
 inputs: each tensor carries the error of the layers before it too (the method's detail says so), so read the ranking
 as where the error grows.
 """
+
+import collections
 
 import torch
 from torch.ao.nn.intrinsic import _FusedModule
@@ -65,22 +68,21 @@ def compare(inputs, config, chunks):
     found = runtime.interpreter(inputs["artifact"], preserve=True)
     details = {detail["index"]: detail for detail in found.get_tensor_details()}
     last = {}  # module path -> (class, the last int8 tensor an operator wrote for it)
-    unmapped = set()
+    unmapped = collections.Counter()  # operator kind -> its int8 outputs that map to no module
     for op in found._get_ops_details():  # the interpreter's execution order
         for index in op["outputs"]:
             detail = details.get(index)
             if detail is None or detail["dtype"] not in runtime.INTEGER_IO or not detail["quantization"][0]:
                 continue
-            # an output the signature renamed ("serving_default_output_0_output") keeps its module in the names of
-            # the operator's weights (its inputs after the first)
-            names = (detail["name"], *(details[i]["name"] for i in op["inputs"][1:] if i in details))
-            place = next(filter(None, (module_of(name, known) for name in names)), None)
+            place = next(filter(None, (module_of(name, known) for name in _names(op, detail, details))), None)
             if place is None:
-                unmapped.add(detail["name"])
+                unmapped[op["op_name"]] += 1
             elif place[0] in leaves:
                 last[place[0]] = (place[1], detail)
     floats = {}
-    hooks = [module.register_forward_hook(lambda _m, _i, out, path=path: floats.__setitem__(path, out))
+    # a copy: an in-place activation after the module (torchvision's Hardswish(inplace=True) after a Conv2d)
+    # overwrites the very tensor the module returned
+    hooks = [module.register_forward_hook(lambda _m, _i, out, path=path: floats.__setitem__(path, _copy(out)))
              for path, module in model.named_modules() if path in last]
     model_inputs = found.get_input_details()
     errors = Errors()
@@ -100,9 +102,22 @@ def compare(inputs, config, chunks):
     finally:
         for hook in hooks:
             hook.remove()
-    detail = DETAIL + (f"; {len(unmapped)} int8 tensor(s) whose converter names map to no module (not compared)"
-                       if unmapped else "")
+    kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(unmapped.items()))
+    detail = DETAIL + (f"; {unmapped.total()} int8 tensor(s) whose converter names map to no module, not compared "
+                       f"(written by {kinds})" if unmapped else "")
     return errors, "litert", detail
+
+
+def _names(op, detail, details):
+    """The names that may say which module an operator's int8 output belongs to: its own; for a QUANTIZE, its float
+    input's (the converter names it `...Wrapper;n`, its input after the module that computed it in float); for an
+    output the signature renamed ("serving_default_output_0_output"), its weights' (the inputs after the first)."""
+    inputs = op["inputs"][:1] if op["op_name"] == "QUANTIZE" else op["inputs"][1:]
+    return (detail["name"], *(details[i]["name"] for i in inputs if i in details))
+
+
+def _copy(value):
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 def in_layout(reference, output):

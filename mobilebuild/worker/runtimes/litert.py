@@ -106,22 +106,70 @@ def inspect(path, config):
 
     model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
     graph = model.subgraphs[0]
-    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
     dtypes = {value: name.lower() for name, value in vars(schema.TensorType).items() if not name.startswith("_")}
-    kinds = [names.get(model.operatorCodes[op.opcodeIndex].builtinCode, "CUSTOM") for op in graph.operators or ()]
+    kinds = _kinds(model)
     integer = sum(1 for kind, op in zip(kinds, graph.operators or ()) if kind not in ("QUANTIZE", "DEQUANTIZE")
                   and any(graph.tensors[i].type in INTEGER_TYPES for i in op.inputs if i >= 0))
-    constants = collections.Counter(dtypes[tensor.type] for tensor in graph.tensors if _holds_data(model, tensor))
+    constants = collections.Counter(dtypes[tensor.type] for tensor in graph.tensors if _size(model, tensor))
     found = interpreter(path)
     return {"operators": len(kinds), "op_types": dict(sorted(collections.Counter(kinds).items())),
-            "int8_operators": integer, "constant_dtypes": dict(sorted(constants.items())),
+            "int8_operators": integer, "constant_dtypes": dict(sorted(constants.items())), **weights(model),
             "inputs": [_tensor_facts(d) for d in found.get_input_details()],
             "outputs": [_tensor_facts(d) for d in found.get_output_details()], "bytes": Path(path).stat().st_size}
 
 
 INTEGER_TYPES = (9, 3, 7)  # schema.TensorType INT8, UINT8, INT16
+FLOAT_TYPES = (0, 1, 10)  # FLOAT32, FLOAT16, FLOAT64
 
 
-def _holds_data(model, tensor):
+def weights(model):
+    """The bytes of the model's weights (its constant tensors) stored float and stored quantized (an integer tensor
+    with a scale: not a shape or an axis), each buffer once, and the float ones by the operators that read them: a
+    quantized model whose converter left an operator float (litert-torch's CONV_3D) shows it here. `model`: a
+    schema.ModelT."""
+    graph = model.subgraphs[0]
+    owners = {}  # buffer -> the operator kinds that read it
+    for kind, op in zip(_kinds(model), graph.operators or ()):
+        for index in op.inputs:
+            if index >= 0 and kind not in ("QUANTIZE", "DEQUANTIZE"):
+                owners.setdefault(graph.tensors[index].buffer, set()).add(kind)
+    stored, by_operator = {"float": 0, "quantized": 0}, collections.Counter()
+    for buffer, tensor in {tensor.buffer: tensor for tensor in graph.tensors if _size(model, tensor)}.items():
+        scaled = tensor.quantization is not None and len(tensor.quantization.scale if tensor.quantization.scale
+                                                          is not None else ()) > 0
+        if tensor.type in FLOAT_TYPES:
+            stored["float"] += _size(model, tensor)
+            for kind in sorted(owners.get(buffer, ())):
+                by_operator[kind] += _size(model, tensor)
+        elif tensor.type in (*INTEGER_TYPES, 2) and scaled:  # 2: INT32, a quantized bias
+            stored["quantized"] += _size(model, tensor)
+    total = stored["float"] + stored["quantized"]
+    return {"weight_bytes": stored, "float_weight_share": round(stored["float"] / total, 4) if total else None,
+            "float_weights_by_operator": dict(by_operator.most_common())}
+
+
+def float_weights_line(facts):
+    """One line where most of an int8 model's weight bytes are float, naming the operators that read them (with
+    their share of the float bytes); or None."""
+    share, total = facts["float_weight_share"], facts["weight_bytes"]["float"]
+    if share is None or share <= 0.5:
+        return None
+    kinds = ", ".join(f"{kind} ({100 * count / total:.0f}%)" for kind, count in
+                      facts["float_weights_by_operator"].items() if count * 200 >= total)  # what rounds to 1% or more
+    return f"{100 * share:.0f}% of the int8 model's weight bytes stay float, read by {kinds or 'no operator'}"
+
+
+def _kinds(model):
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    return [names.get(model.operatorCodes[op.opcodeIndex].builtinCode, "CUSTOM") for op in model.subgraphs[0].operators
+            or ()]
+
+
+def _size(model, tensor):
+    """The bytes a constant tensor holds (0 for a tensor computed as the model runs)."""
     buffer = model.buffers[tensor.buffer] if tensor.buffer < len(model.buffers) else None
-    return buffer is not None and (buffer.data is not None and len(buffer.data) > 0 or bool(buffer.offset))
+    if buffer is None:
+        return 0
+    return len(buffer.data) if buffer.data is not None else int(buffer.size or 0) if buffer.offset else 0
