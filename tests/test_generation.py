@@ -316,3 +316,21 @@ def test_a_model_export_llm_does_not_define_takes_the_transformers_export(projec
     for target, floor in (("xnnpack-executorch", 100), ("et-8da8w", 25), ("onnx", 100)):
         verified = json.loads(project.artifact(f"gpt/verify-{target}.json").read_text())
         assert verified["status"] == "passed" and verified["metrics"]["sqnr_db"] > floor, verified
+
+
+@pytest.mark.slow
+def test_a_qwen3_recipe_builds_through_export_llm_and_verifies(project):
+    """A transformers Qwen3 config in a recipe: the build takes export_llm's path (its program has the LLM runner's
+    metadata methods) and the artifact verifies against transformers."""
+    from mobilebuild.worker import export_llm
+    from mobilebuild.worker.runtimes import executorch as et_runtime
+
+    project.write_recipe({**copy.deepcopy(LM), "name": "qwen",
+                          "model": {"transformers": "AutoModelForCausalLM",
+                                    "config": {**LLAMA, "model_type": "qwen3", "head_dim": 16}},
+                          "targets": [{"backend": "xnnpack", "runtime": "executorch"}]})
+    project.doit()
+    verified = json.loads(project.artifact("qwen/verify-xnnpack-executorch.json").read_text())
+    assert verified["status"] == "passed" and (verified["metrics"]["sqnr_db"] or 200) > 100, verified
+    program = et_runtime.Generator(project.artifact("qwen/qwen-xnnpack-executorch.pte").read_bytes())
+    assert export_llm.METADATA_METHOD in program.method_names
