@@ -69,10 +69,10 @@ def time_on_host(pte_path, tokenizer_path, prompt_lengths, new_tokens, warmup, r
     """{length: {ttft_ms, decode_ms_per_token, runs, generated, tokens}}: each prompt generated greedily by the
     runner, the first token's callback giving the time to first token, the rest the decode steps; `tokens`: the
     last run's token ids."""
-    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels, for the runner too)
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+    with _runner_quiet():  # its tokenizers' registration note, at import
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels, for it too)
+        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-    with _runner_quiet():
         runner = TextLLMRunner(str(pte_path), str(tokenizer_path))
     byte_of = {character: byte for byte, character in stand_ins().items()}
     found = {}
