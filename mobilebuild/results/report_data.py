@@ -599,6 +599,11 @@ def _notes(rows):
         for row in rows if row.median_ms is not None)
     notes.extend(f"latency ({', '.join(labels)}): {text}" for text, labels in settings.items())
 
+    # a language model's timings: ExecuTorch's LLM runner steps in C++, a generator from Python (docs/llm.md)
+    harnesses = _grouped((row.label, row.benchmark["harness"]) for row in rows if "harness" in row.benchmark)
+    if len(harnesses) > 1:
+        notes.extend(f"timed by ({', '.join(labels)}): {text}" for text, labels in harnesses.items())
+
     devices = _grouped((row.label, _device(row.benchmark["device"])) for row in rows if "device" in row.benchmark)
     benchmarked = [row.label for row in rows if row.benchmark]
     for text, labels in devices.items():
