@@ -5,8 +5,8 @@ mobilebuild.worker.stages.litert, mobilebuild.worker.runtimes.litert, mobilebuil
 
 from dataclasses import dataclass
 
-from mobilebuild.plan import stages
-from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan import generation, stages
+from mobilebuild.plan.routes import Checks, Generation, Int8, Route, Runtime, Section, mapping, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 from mobilebuild.routes.torchscript import TORCH_OBSERVERS
@@ -139,6 +139,53 @@ stages.register(stages.Stage(
     "LiteRT models (.tflite) converted by litert-torch: fp32, fp16 weights, int8 (PT2E static or dynamic-range).",
     "#b6d7a8", plan=plan, recipe_fields={"options": "targets.litert", "mode": "quantize.mode"}))
 
+
+# --- language models (generate:): litert-torch's generative path --------------------------------------------------
+
+# litert-torch's dynamic-range int4 recipes (generative.utilities.converter.QuantizationName): blocks of 32 or 128
+INT4_BLOCKS = (32, 128)
+LM_PRECISIONS = ("fp32", "int8", "int4")  # int8, int4: dynamic-range (weights int8 or int4, activations float)
+# the transformers architectures the worker maps onto litert-torch's re-authored decoder (worker/stages/lm_litert.py,
+# which also checks a pretrained folder's or a factory's model): its exporter for the others (export_hf) imports
+# TensorFlow, which the toolchain does not install
+ARCHITECTURES = ("llama", "qwen2")
+NOT_MAPPED = ("LiteRT's generative path takes model_type 'llama' or 'qwen2' only (litert-torch's export_hf needs "
+              "TensorFlow)")
+
+
+@dataclass(frozen=True)
+class LMConvertConfig:
+    """A causal LM as litert-torch's generative converter makes it: a prefill signature per prompt length (its
+    prefills take fixed lengths) and a decode signature, the static KV cache of max_context as their inputs and
+    outputs."""
+
+    model: ModelSource
+    precision: str
+    max_context: int
+    prompt_lengths: list
+    group_size: int | None = None  # int4 only
+
+
+def lm_convert(chain):
+    exported = generation.export_config(chain)
+    model_type = (exported.model.get("config") or {}).get("model_type")
+    if model_type not in (None, *ARCHITECTURES):
+        raise chain.error(f"model_type {model_type!r}: {NOT_MAPPED}", "model.config.model_type")
+    if chain.precision == "int4" and exported.group_size not in INT4_BLOCKS:
+        raise chain.error(f"LiteRT's int4 (litert-torch's dynamic_int4 recipes) takes blocks of "
+                          f"{' or '.join(map(str, INT4_BLOCKS))} weights, not {exported.group_size}: set "
+                          f"generate.group_size to one of them or use int8", "generate.group_size")
+    config = LMConvertConfig(model=exported.model, precision=exported.precision, max_context=exported.max_context,
+                             prompt_lengths=chain.recipe.generate["prompt_lengths"], group_size=exported.group_size)
+    return chain.shipped("lm_litert", config, {"checkpoint": chain.nodes["checkpoint"]}, files=chain.source_files)
+
+
+# worker side: mobilebuild.worker.stages.lm_litert
+stages.register(stages.Stage(
+    "lm_litert", LMConvertConfig, {"checkpoint": ("checkpoint",)},
+    "Language models as LiteRT models (.tflite): prefill and decode signatures with a static KV cache.", "#d9ead3",
+    plan=lm_convert, recipe_fields=generation.recipe_fields(LMConvertConfig)))
+
 SECTION = Section("litert", SCHEMA)
 CHECKS = Checks(preflight=preflight, outputs=outputs)
 
@@ -151,6 +198,7 @@ def runtime(device_only=None):
 register(Route("xnnpack", "litert", ("fp32", "int8"), ("litert",), ".tflite",
                "CPU through LiteRT's XNNPACK delegate (fp16 weights on request; int8: PT2E static or dynamic-range)",
                runtime(), int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES), section=SECTION,
+               generation=Generation("lm_litert", LM_PRECISIONS),
                checks=Checks(preflight=preflight, outputs=outputs, layers=tensor_layers,
                              layer_methods={"litert": "LiteRT interpreter, tensor by tensor (cumulative)"})))
 register(Route("gpu-delegate", "litert", ("fp32",), ("litert",), ".tflite",

@@ -173,3 +173,40 @@ def _size(model, tensor):
     if buffer is None:
         return 0
     return len(buffer.data) if buffer.data is not None else int(buffer.size or 0) if buffer.offset else 0
+
+
+# --- language models (lm_litert) ----------------------------------------------------------------------------------
+
+class Generator:
+    """A language model's .tflite (lm_litert) a step at a time (worker/lm.py), through its signatures: a prompt of
+    a length it was built for goes through that `prefill_<n>` (the logits of every position), one token through
+    `decode`; the KV cache's arrays (kv_cache_k_<i>, kv_cache_v_<i>) go in and come back, kept here between calls."""
+
+    all_positions = False  # its prefills take their own lengths only: a perplexity window goes a token at a time
+
+    def __init__(self, found):
+        self.runners = {name: found.get_signature_runner(name) for name in found.get_signature_list()}
+        self.cache_inputs = {name: detail for name, detail in self.runners["decode"].get_input_details().items()
+                             if name.startswith("kv_cache_")}
+        self.cache = None
+
+    def forward(self, tokens, position):
+        length = tokens.shape[1]
+        name = "decode" if length == 1 else f"prefill_{length}"
+        if name not in self.runners:
+            built = sorted(int(n.removeprefix("prefill_")) for n in self.runners if n.startswith("prefill_"))
+            raise MobileBuildError(f"the .tflite prefills prompts of {', '.join(map(str, built))} tokens only, not "
+                                   f"{length} (generate.prompt_lengths when it was built)", field="generate")
+        if position == 0 or self.cache is None:
+            self.cache = {name: numpy.zeros(detail["shape"], dtype=detail["dtype"])
+                          for name, detail in self.cache_inputs.items()}
+        found = self.runners[name](tokens=tokens.numpy().astype(numpy.int32),
+                                   input_pos=numpy.arange(position, position + length, dtype=numpy.int32),
+                                   **self.cache)
+        self.cache = {name: found[name] for name in self.cache_inputs}
+        return torch.from_numpy(numpy.array(found["logits"]))
+
+
+def generator(path, config):
+    """`path`: a .tflite file, or its bytes."""
+    return Generator(interpreter(path, threads_for(config)))
