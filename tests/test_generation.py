@@ -55,11 +55,11 @@ def test_a_language_model_plans_its_own_stages_and_input(tmp_path):
 
 
 @pytest.mark.parametrize("change, changed", [
-    ({"max_context": 48}, {"lm_lower", "lm_onnx", "lm_verify", "lm_bench"}),
-    ({"prompt_lengths": [4]}, {"lm_verify", "lm_bench"}),
-    ({"new_tokens": 2}, {"lm_verify", "lm_bench"}),
-    ({"prompts": 3}, {"lm_verify"}),
-    ({"group_size": 16}, {"lm_lower", "lm_onnx"}),  # the grouped targets' only
+    ({"max_context": 48}, {"lm_lower", "lm_onnx", "lm_verify", "lm_bench", "lm_layers"}),
+    ({"prompt_lengths": [4]}, {"lm_verify", "lm_bench", "lm_layers"}),
+    ({"new_tokens": 2}, {"lm_verify", "lm_bench", "lm_layers"}),  # random held-out ids: their count
+    ({"prompts": 3}, {"lm_verify", "lm_layers"}),
+    ({"group_size": 16}, {"lm_lower", "lm_onnx", "lm_layers"}),  # the grouped targets' only
 ])
 def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change, changed):
     before = keys(tmp_path, LM)
@@ -68,7 +68,8 @@ def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change,
     differ = {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))}
     assert {name.split(":")[0] for name in differ} == changed
     if "group_size" in change:
-        assert differ == {"lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx-int4"}
+        assert differ == {"lm_lower:lm-et-8da4w", "lm_onnx:lm-onnx-int4", "lm_layers:lm-et-8da4w",
+                          "lm_layers:lm-onnx-int4"}
 
 
 def test_an_executorch_lm_is_timed_on_the_selected_device_by_the_llm_runner(tmp_path, monkeypatch):
@@ -119,13 +120,18 @@ def test_a_factory_language_model_must_name_its_input(tmp_path):
 
 # --- the worker: token by token on a tiny Llama ------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_llama():
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def random_lm(config):
+    """A transformers causal LM of a recipe's `config:` (model_type and fields), seeded random weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(**{key: value for key, value in LLAMA.items() if key != "model_type"})
-    return AutoModelForCausalLM.from_config(config).eval()
+    fields = {key: value for key, value in config.items() if key != "model_type"}
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields)).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return random_lm(LLAMA)
 
 
 def test_the_eager_model_agrees_with_itself_and_noise_shows(tiny_llama):
@@ -259,8 +265,8 @@ def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(
     changed = lm_recipe(prompt_lengths=[4])
     project.write_recipe(changed)
     rebuilt = project.doit()
-    assert rebuilt and {name.split(":")[0] for name in rebuilt} <= {"lm_verify", "lm_bench", "verified", "manifest",
-                                                                   "plot"}, rebuilt
+    assert rebuilt and {name.split(":")[0] for name in rebuilt} <= {"lm_verify", "lm_bench", "lm_layers", "verified",
+                                                                   "manifest", "plot"}, rebuilt
 
 
 def test_the_report_has_a_generation_table_for_a_language_model():

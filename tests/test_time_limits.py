@@ -65,8 +65,9 @@ def test_a_limit_that_is_not_a_positive_number_or_null_is_refused_in_one_line(tm
 
 
 def test_the_layers_stage_has_a_limit_of_its_own():
-    assert stages.get("layers").limit == "layers_seconds"
-    assert {stage.limit for stage in stages.all_stages() if stage.name != "layers"} == {"stage_seconds"}
+    comparisons = ("layers", "lm_layers")  # the per-layer comparisons, of int8 models and of language models
+    assert {stages.get(name).limit for name in comparisons} == {"layers_seconds"}
+    assert {stage.limit for stage in stages.all_stages() if stage.name not in comparisons} == {"stage_seconds"}
 
 
 # --- the worker pool -------------------------------------------------------------------------------------------------

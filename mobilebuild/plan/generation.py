@@ -13,7 +13,7 @@ from mobilebuild.plan import routes, stages
 from mobilebuild.plan.chain import source_files
 from mobilebuild.plan.settings import ModelSource
 
-VERIFY, BENCH = "lm_verify", "lm_bench"
+VERIFY, BENCH, LAYERS = "lm_verify", "lm_bench", "lm_layers"
 GROUPED = ("8da4w", "int4")  # weights quantized in groups of generate.group_size
 
 # What a target must reach when the recipe sets no thresholds for its precision (generate.thresholds). On the
@@ -28,7 +28,8 @@ DEFAULT_THRESHOLDS = {
 }
 FIELDS = {"max_context": "generate.max_context", "prompt_lengths": "generate.prompt_lengths",
           "new_tokens": "generate.new_tokens", "prompts": "generate.prompts", "text": "generate.text",
-          "group_size": "generate.group_size", "seed": "generate.seed", "thresholds": "generate.thresholds"}
+          "group_size": "generate.group_size", "seed": "generate.seed", "thresholds": "generate.thresholds",
+          "exclude": "quantize.exclude"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class LMExportConfig:
     precision: str
     max_context: int
     group_size: int | None = None  # grouped weight quantization only
+    exclude: list | None = stages.when_set()  # quantize.exclude: module paths of the model whose layers stay float
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,25 @@ class LMVerifyConfig:
     seed: int
     thresholds: dict
     default_thresholds: dict
+
+
+@dataclass(frozen=True)
+class LMLayersConfig:
+    """Each layer's share of a quantized target's error: the model with that layer alone quantized, as the route
+    quantizes, its logits at the prefill against the float model's (Generation.layers: the worker-side module)."""
+
+    method: str
+    model: ModelSource
+    precision: str
+    max_context: int
+    group_size: int | None
+    exclude: list | None  # layers the target keeps float: not ranked
+    prompt_lengths: list
+    new_tokens: int  # with the others, what the held-out prompts are (lm.heldout_tokens): verification's
+    prompts: int
+    text: str | None
+    seed: int
+    top: int  # verify.layers_top
 
 
 @dataclass(frozen=True)
@@ -77,8 +98,11 @@ def recipe_fields(config):
 def export_config(chain):
     """The settings of a route's generative stage for this target."""
     generate = chain.recipe.generate
+    if chain.excluded and chain.precision == "fp32":
+        raise chain.error("an fp32 target quantizes nothing: leave exclude out", "quantize.exclude")
     return LMExportConfig(model=chain.source, precision=chain.precision, max_context=generate["max_context"],
-                          group_size=generate["group_size"] if chain.precision in GROUPED else None)
+                          group_size=generate["group_size"] if chain.precision in GROUPED else None,
+                          exclude=chain.excluded)
 
 
 def _verify_config(chain, runtime):
@@ -113,11 +137,26 @@ def target_nodes(chain, root):
     device = route.generation.device(recipe.benchmark["device"]) if route.generation.device else None
     bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source, device), {"artifact": final},
                        f"{chain.out}/bench-{target.id}.json", fields=chain.fields)
+    checks = [verify, bench]
+    if chain.precision != "fp32" and route.generation.layers and recipe.verify.get("layers", True):
+        checks.append(_layers_node(chain, name, final, text_files))
     entry = {"target": target.id, "backend": route.backend, "runtime": route.runtime, "precision": chain.precision,
              "path": final.output, "runs_on_host": route.runs_on_host, "device_only": route.runs.device_only,
              "delegate": final.config.get("delegate"), "pruning": None, "quantization": None,
              "interpreter": final.interpreter, "fixed_shape": None, "generation": True}
-    return final, [verify, bench], entry
+    return final, checks, entry
+
+
+def _layers_node(chain, name, final, text_files):
+    generate, export = chain.recipe.generate, final.settings
+    settings = LMLayersConfig(method=chain.route.generation.layers, model=chain.source, precision=chain.precision,
+                              max_context=export.max_context, group_size=export.group_size, exclude=export.exclude,
+                              prompt_lengths=generate["prompt_lengths"], new_tokens=generate["new_tokens"],
+                              prompts=generate["prompts"], text=generate.get("text"), seed=generate["seed"],
+                              top=chain.recipe.verify.get("layers_top", 5))
+    return chain.node(LAYERS, name, settings, {"checkpoint": chain.nodes["checkpoint"]},
+                      f"{chain.out}/layers-{chain.target.id}.json", files=chain.source_files + text_files,
+                      fields=chain.fields)
 
 
 def eager_bench_config(recipe, source):
@@ -134,5 +173,10 @@ for _stage in (
                  "Time each language model artifact (time to first token per prompt length, decode tokens/s, peak "
                  "memory), and eager transformers generation, in a process of its own.", "#ead1dc", measures=True,
                  recipe_fields=recipe_fields(LMBenchConfig)),
+    stages.Stage(LAYERS, LMLayersConfig, {"checkpoint": ("checkpoint",)},
+                 "Rank the linear layers of each quantized language model target by the error each adds alone: the "
+                 "model with that layer alone quantized, its logits at the prefill against the float model's.",
+                 "#e4d7ee", recipe_fields={**recipe_fields(LMLayersConfig), "top": "verify.layers_top"},
+                 limit="layers_seconds"),
 ):
     stages.register(_stage)

@@ -132,7 +132,8 @@ def recipe_nodes(recipe, root):
                           if n.stage in ("verify", generation.VERIFY)},
             benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
                         if n.stage in ("bench", generation.BENCH)},
-            layers={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results if n.stage == "layers"} or None),
+            layers={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
+                    if n.stage in ("layers", generation.LAYERS)} or None),
         {n.task_name: n for n in artifacts + results}, f"{out}/manifest.json")
     plot = checked_node(recipe, "plot", recipe.name, stages.PlotConfig(recipe=recipe.name), {"manifest": manifest},
                         f"{ARTIFACTS_DIR}/plots/{recipe.name}.png")

@@ -83,11 +83,14 @@ class Checks:
 class Generation:
     """How a route builds a decoder-only language model with its KV cache (a recipe with `generate:`): the stage
     that writes the artifact from the checkpoint, and its precisions (the first is the default). The route's runtime
-    module gives `generator(path, config)`, which runs the artifact a step at a time (worker/lm.py). `device`:
-    (benchmark.device) -> the Android device and runner that time the artifact there, or None: not on a device."""
+    module gives `generator(path, config)`, which runs the artifact a step at a time (worker/lm.py). `layers`: the
+    worker-side module that ranks a quantized target's layers (its `Quantizer`: worker/stages/lm_layers.py), or
+    None. `device`: (benchmark.device) -> the Android device and runner that time the artifact there, or None: not
+    on a device."""
 
     stage: str
     precisions: tuple
+    layers: str | None = None
     device: Callable | None = None
 
 

@@ -173,9 +173,11 @@ def runtime(device_only=None):
 register(Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
                "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)", runtime(),
                int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES, fixed_shapes=INT8_FIXED),
-               delegate="xnnpack", section=SECTION,
-               generation=Generation("lm_lower", ("fp32", "8da4w", "8da8w"), device=lm_device),
-               checks=replace(CHECKS, layers=pt2e_layers, layer_methods={"pt2e": "PT2E numeric debugger"})))
+               delegate="xnnpack", section=SECTION, generation=Generation("lm_lower", ("fp32", "8da4w", "8da8w"),
+                                     layers="mobilebuild.worker.layers.lm_torchao", device=lm_device),
+               checks=replace(CHECKS, layers=pt2e_layers, layer_methods={
+                   "pt2e": "PT2E numeric debugger",
+                   "lm_torchao": "each linear layer alone quantized by torchao, eager logits at the prefill"})))
 register(Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte", "GPU through ExecuTorch's Vulkan delegate",
                runtime("a device with a Vulkan GPU and ExecuTorch's Vulkan runtime"), delegate="vulkan",
                section=SECTION, checks=CHECKS))

@@ -168,6 +168,9 @@ class LMConvertConfig:
 
 def lm_convert(chain):
     exported = generation.export_config(chain)
+    if exported.exclude:
+        raise chain.error("LiteRT's generative converter quantizes the whole model (litert-torch's recipes): it keeps "
+                          "no layer float; leave exclude out", "quantize.exclude")
     model_type = (exported.model.get("config") or {}).get("model_type")
     if model_type not in (None, *ARCHITECTURES):
         raise chain.error(f"model_type {model_type!r}: {NOT_MAPPED}", "model.config.model_type")

@@ -107,6 +107,8 @@ register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
                "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
                Runtime("onnxruntime", "ONNX Runtime", packages=PACKAGES, package="onnxruntime", structure=structure),
                int8=Int8("final", observers=ORT_OBSERVERS, modes=MODES), section=Section("onnx", SCHEMA),
-               default=True, generation=Generation("lm_onnx", ("fp32", "int8", "int4")),
-               checks=Checks(preflight=preflight, outputs=outputs, layers=node_layers,
-                             layer_methods={"onnx": "ONNX Runtime, node by node"})))
+               default=True,
+               generation=Generation("lm_onnx", ("fp32", "int8", "int4"), layers="mobilebuild.worker.layers.lm_onnx"),
+               checks=Checks(preflight=preflight, outputs=outputs, layers=node_layers, layer_methods={
+                   "onnx": "ONNX Runtime, node by node",
+                   "lm_onnx": "each layer's nodes alone quantized by onnxruntime, logits at the prefill"})))

@@ -26,12 +26,14 @@ __all__ = ["DEFAULT_BUDGET", "TUNE_DIR", "Refused", "Session", "parser", "tune",
 def parser():
     found = argparse.ArgumentParser(
         prog="mobilebuild tune", description="Find the int8 settings (layers kept float, observer) that meet the "
-        "recipe's verification thresholds with the fewest float layers; every candidate is a cached build node.")
+        "recipe's verification thresholds with the fewest float layers, or the layers a quantized language model "
+        "target keeps float (docs/llm.md); every candidate is a cached build node.")
     found.add_argument("recipe", help="a recipe file of this repository")
-    found.add_argument("--target", required=True, help="the int8 target's id")
+    found.add_argument("--target", required=True, help="the int8 (or quantized language model) target's id")
     found.add_argument("--goal", action="append", default=[], metavar="recipe|defaults|NAME=VALUE",
-                       help="what to meet: the recipe's verify.thresholds.int8 (default), the schema's defaults, or "
-                            "a threshold set here (sqnr_db=25; repeatable, over the others)")
+                       help="what to meet: the recipe's verify.thresholds.int8 (a language model's "
+                            "generate.thresholds) (default), the defaults, or a threshold set here (sqnr_db=25; "
+                            "repeatable, over the others)")
     found.add_argument("--max-candidates", type=int, default=DEFAULT_BUDGET,
                        help=f"the most candidates built (default {DEFAULT_BUDGET})")
     found.add_argument("--dask", metavar="ADDRESS|local", help="run the stages on Dask workers")

@@ -21,7 +21,7 @@ import yaml
 from mobilebuild import store, tasks
 from mobilebuild.engine import runner
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import graph, recipe, routes
+from mobilebuild.plan import generation, graph, recipe, routes
 from mobilebuild.tune import patch, search
 from mobilebuild.worker import metrics  # no torch there
 
@@ -30,7 +30,6 @@ SUFFIX = recipe.TUNE_SUFFIX  # the generated recipe's name: the user's and this
 RANKED = 16  # how many layers the baseline's per-layer comparison ranks: the longest walk
 EXCLUDABLE = recipe.schema()["properties"]["quantize"]["properties"]["exclude"]["items"]["pattern"]
 STUBS = ("QuantStub", "DeQuantStub", "QuantizeLinear", "DequantizeLinear")
-THRESHOLDS = tuple(recipe.default_thresholds("int8"))
 NEEDS = {"accuracy_drop": "accuracy needs labelled evaluation data: verify.evaluation returning inputs and labels",
          "top1_agreement": "top-1 agreement needs a classifier's scores as output"}
 MADE = (runner.BUILT, runner.CACHED, runner.UP_TO_DATE)  # what the summary counts, in its order
@@ -44,25 +43,31 @@ class Refused(Exception):
         self.lines = lines
 
 
-def parse_goal(values, thresholds, explicit):
-    """(the thresholds to meet, the names set on purpose: those tune must be able to measure)."""
+def parse_goal(values, thresholds, explicit, defaults):
+    """(the thresholds to meet, the names set on purpose: those tune must be able to measure). `defaults`: the
+    precision's default thresholds, whose names --goal takes."""
     goal, chosen = dict(thresholds), set(explicit)
     for value in values:
         if value == "recipe":
             continue
         if value == "defaults":
-            goal, chosen = recipe.default_thresholds("int8"), set()
+            goal, chosen = dict(defaults), set()
             continue
         name, equals, number = value.partition("=")
-        if not equals or name not in THRESHOLDS:
+        if not equals or name not in defaults:
             raise Refused(f"mobilebuild tune: --goal: no threshold {name!r} (expected recipe, defaults or NAME=VALUE "
-                          f"with NAME one of {', '.join(THRESHOLDS)})")
+                          f"with NAME one of {', '.join(defaults)})")
         try:
             goal[name] = float(number)
         except ValueError:
             raise Refused(f"mobilebuild tune: --goal {name}: expected a number, got {number!r}") from None
         chosen.add(name)
     return goal, chosen
+
+
+def _tunable_lm(target, file):
+    route = routes.route_for(target, file, generative=True)
+    return routes.generative_precision(route, target) != "fp32" and route.generation.layers is not None
 
 
 def candidate_id(target_id, candidate, label):
@@ -128,9 +133,21 @@ class Session:
             raise Refused(f"{file}: --target: no target {options.target!r} in the recipe (its targets: "
                           f"{', '.join(ids)})")
         self.target = target
+        self.stages = ("verify", "bench", "layers")  # a candidate's verification, timing and per-layer comparison
         if self.recipe.generate:
-            raise Refused(f"{file}: generate: tune does not choose settings for language models yet: set "
-                          "generate.group_size or a precision per target (docs/llm.md)")
+            thresholds, raw_thresholds, defaults = self._language_model(target, file)
+        else:
+            thresholds, raw_thresholds, defaults = self._int8(target, file)
+        self.goal, self.chosen = parse_goal(options.goal, thresholds, raw_thresholds, defaults)
+        self.from_recipe = self.goal == thresholds
+        self.name = f"{self.recipe.name}{SUFFIX}"
+        self.tune_file = f"{TUNE_DIR}/{self.recipe.name}.yaml"
+        self.results, self.order = {}, []
+        self.made = dict.fromkeys(MADE, 0)
+        self.nodes, self.ended = {}, {}
+
+    def _int8(self, target, file):
+        """An int8 target's route, observers and thresholds: (the recipe's, those it sets, the defaults)."""
         self.route = routes.route_for(target, file)
         int8 = [t.id for t in self.recipe.targets if routes.route_for(t, file).precision(t) == "int8"
                 and routes.route_for(t, file).runs_on_host]
@@ -154,14 +171,27 @@ class Session:
             self.observers = [current] + [o for o in self.route.observers if o != effective]
         self.effective = {o: o or (self.route.observers[0] if self.route.observers and mode == "static"
                                    else "none") for o in self.observers}
+        self.precision, self.threshold_field = "int8", "verify.thresholds.int8"
         raw_thresholds = ((self.raw.get("verify") or {}).get("thresholds") or {}).get("int8") or {}
-        self.goal, self.chosen = parse_goal(options.goal, self.recipe.verify["thresholds"]["int8"], raw_thresholds)
-        self.from_recipe = self.goal == self.recipe.verify["thresholds"]["int8"]
-        self.name = f"{self.recipe.name}{SUFFIX}"
-        self.tune_file = f"{TUNE_DIR}/{self.recipe.name}.yaml"
-        self.results, self.order = {}, []
-        self.made = dict.fromkeys(MADE, 0)
-        self.nodes, self.ended = {}, {}
+        return self.recipe.verify["thresholds"]["int8"], raw_thresholds, recipe.default_thresholds("int8")
+
+    def _language_model(self, target, file):
+        """A quantized language model target's route and thresholds (generate.thresholds over the precision's
+        defaults): no observer to choose, the layers it keeps float only (quantize.exclude)."""
+        self.route = routes.route_for(target, file, generative=True)
+        self.precision = routes.generative_precision(self.route, target)
+        self.stages = (generation.VERIFY, generation.BENCH, generation.LAYERS)
+        if self.precision == "fp32" or not self.route.generation.layers:
+            able = ", ".join(t.id for t in self.recipe.targets if _tunable_lm(t, file)) or "none"
+            why = (f"is {self.precision}" if self.precision == "fp32" else
+                   f"({self.route.backend}, {self.route.runtime}) has no per-layer ranking for language models")
+            raise Refused(f"{file}: targets[{target.index}]: {target.id} {why}: tune chooses the layers a quantized "
+                          f"language model keeps float (quantize.exclude); its targets it can tune: {able}")
+        self.observers, self.effective = [None], {None: "none"}
+        self.threshold_field = f"generate.thresholds.{self.precision}"
+        defaults = generation.DEFAULT_THRESHOLDS[self.precision]
+        raw_thresholds = ((self.raw.get("generate") or {}).get("thresholds") or {}).get(self.precision) or {}
+        return {**defaults, **raw_thresholds}, raw_thresholds, defaults
 
     @property
     def baseline(self):
@@ -227,7 +257,7 @@ class Session:
         os.environ[recipe.EXTRA_RECIPES_VARIABLE] = os.pathsep.join(
             filter(None, [os.environ.get(recipe.EXTRA_RECIPES_VARIABLE), self.tune_file]))
         nodes = self.write([self.baseline])
-        layers_task = f"layers:{self.name}-{self.cid(self.baseline)}"
+        layers_task = f"{self.stages[2]}:{self.name}-{self.cid(self.baseline)}"
         if layers_task not in nodes:
             raise Refused(f"{self.recipe.file}: targets[{self.target.index}]: {self.target.id} has no per-layer "
                           f"comparison on this host ({self.route.backend}, {self.route.runtime}): tune walks its "
@@ -238,7 +268,7 @@ class Session:
 
     def tasks_of(self, candidate):
         name = f"{self.name}-{self.cid(candidate)}"
-        return f"verify:{name}", f"bench:{name}"
+        return f"{self.stages[0]}:{name}", f"{self.stages[1]}:{name}"
 
     def build(self, batch, slots, extra=(), on_result=None):
         """One doit run of the candidates' verify and bench tasks (and `extra`); `on_result(candidate)` as each
@@ -304,10 +334,10 @@ class Session:
         measured = [self.results[c].metrics for c in batch if self.results[c].metrics]
         if not measured:
             return
-        reported = [name for name in THRESHOLDS if any(found.get(name) is not None for found in measured)]
+        reported = [name for name in self.goal if any(found.get(name) is not None for found in measured)]
         for name in sorted(self.chosen):
             if name not in reported:
-                field = f"--goal {name}" if name in self.options_goals() else f"verify.thresholds.int8.{name}"
+                field = f"--goal {name}" if name in self.options_goals() else f"{self.threshold_field}.{name}"
                 why = f" ({NEEDS[name]})" if name in NEEDS else ""
                 raise Refused(f"{self.recipe.file}: {field}: tune cannot meet it: no candidate's verification "
                               f"reports {name}{why}; it can meet {', '.join(reported)}")

@@ -21,9 +21,10 @@ class Table:
         session = self.session
         goal = ", ".join(f"{name} {'>=' if name in metrics.AT_LEAST else '<='} {value:g}"
                          for name, value in sorted(session.goal.items()) if value is not None)
-        origin = "verify.thresholds.int8" if session.from_recipe else "--goal"
+        origin = session.threshold_field if session.from_recipe else "--goal"
         print(f"tuning {session.recipe.file} {session.target.id} ({session.route.backend}, {session.route.runtime}, "
-              f"int8): {goal} ({origin}); at most {session.options.max_candidates} candidates", flush=True)
+              f"{session.precision}): {goal} ({origin}); at most {session.options.max_candidates} candidates",
+              flush=True)
 
     def header(self):
         print("  ".join(f"{name:<{width}}" for name, width in self.COLUMNS) + "  verdict", flush=True)

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from mobilebuild.worker import quiet
+from mobilebuild.worker import lm, quiet
 
 PRECISIONS = {"fp32": None, "8da4w": "8da4w"}  # ours -> export_llm's qmode
 METADATA_METHOD = "get_max_seq_len"  # a method export_llm's programs have, for the LLM runner
@@ -39,18 +39,22 @@ def fits(model, precision):
             and set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"})
 
 
-def meta_state(model):
-    """The transformers model's weights under Meta's names, by ExecuTorch's own Qwen3 converter's mapping (a
-    Llama's names are a subset of it); a bias under its weight's name (Qwen2's, as ExecuTorch's Qwen 2.5
-    converter maps them; that module needs torchtune, not installed); a tied lm_head: the embedding's."""
+def meta_name(path):
+    """A transformers weight (or module) path under Meta's names, by ExecuTorch's own Qwen3 converter's mapping (a
+    Llama's names are a subset of it): `model.layers.0.self_attn.q_proj` -> `layers.0.attention.wq`; a bias
+    under its weight's name (Qwen2's, as ExecuTorch's Qwen 2.5 converter maps them; that module needs torchtune,
+    not installed)."""
     from executorch.examples.models.checkpoint import get_mapped_key
     from executorch.examples.models.qwen3.convert_weights import _QWEN_3_FROM_META
 
-    meta_from_hf = {hf: meta for meta, hf in _QWEN_3_FROM_META.items()}
-    found = {}
-    for key, value in model.state_dict().items():
-        stem, kind = key.rsplit(".", 1)
-        found[get_mapped_key(f"{stem}.weight", meta_from_hf).removesuffix("weight") + kind] = value
+    stem, kind = path.rsplit(".", 1) if path.endswith((".weight", ".bias")) else (path, "")
+    mapped = get_mapped_key(f"{stem}.weight", {hf: meta for meta, hf in _QWEN_3_FROM_META.items()})
+    return mapped.removesuffix(".weight") + (f".{kind}" if kind else "")
+
+
+def meta_state(model):
+    """The transformers model's weights under Meta's names (meta_name); a tied lm_head: the embedding's."""
+    found = {meta_name(key): value for key, value in model.state_dict().items()}
     found.setdefault("output.weight", found["tok_embeddings.weight"])
     return found
 
@@ -65,11 +69,13 @@ def params(config):
             **FAMILIES[config.model_type]}
 
 
-def program_bytes(model, precision, max_context, group_size, scratch):
+def program_bytes(model, precision, max_context, group_size, scratch, keep_float=()):
     """export_llm (export_llama with an LlmConfig, as its command line builds one) for the model's weights: KV cache
-    and custom SDPA on, the prompt's length dynamic, XNNPACK; 8da4w: its torchao quantization in groups."""
+    and custom SDPA on, the prompt's length dynamic, XNNPACK; 8da4w: its torchao quantization in groups. With linear
+    layers kept float (`keep_float`, transformers paths), export_llama's own steps for XNNPACK, its model quantized
+    between them by ExecuTorch's torchao transform with those layers passed over (its quantization takes no filter)."""
     with quiet.native_stderr(dropped=b"I tokenizers:"):  # its tokenizers' registration note, at import
-        from executorch.examples.models.llama.export_llama_lib import export_llama
+        from executorch.examples.models.llama import export_llama_lib
         from executorch.extension.llm.export.config.llm_config import LlmConfig
 
     checkpoint, settings = os.path.join(scratch, "meta.pth"), os.path.join(scratch, "params.json")
@@ -83,9 +89,24 @@ def program_bytes(model, precision, max_context, group_size, scratch):
     llm.export.max_seq_length = llm.export.max_context_length = max_context
     llm.export.output_dir, llm.export.output_name = scratch, output  # a name ending .pte is the path
     llm.backend.xnnpack.enabled = llm.backend.xnnpack.extended_ops = True
-    if PRECISIONS[precision]:
-        llm.quantization.qmode, llm.quantization.group_size = PRECISIONS[precision], group_size
     with quiet.quiet():
-        export_llama(llm)
+        if keep_float and PRECISIONS[precision]:
+            _export_keeping_float(export_llama_lib, llm, precision, group_size, {meta_name(p) for p in keep_float},
+                                  output)
+        else:
+            if PRECISIONS[precision]:
+                llm.quantization.qmode, llm.quantization.group_size = PRECISIONS[precision], group_size
+            export_llama_lib.export_llama(llm)
     with open(output, "rb") as handle:
         return handle.read()
+
+
+def _export_keeping_float(library, llm, precision, group_size, keep_float, output):
+    """export_llama's path for XNNPACK (_export_llama: no PT2E quantizers) with the float model quantized by
+    lm.quantize_linears, the linear layers at `keep_float` (Meta's names) left out."""
+    manager = library._prepare_for_llama_export(llm)
+    lm.quantize_linears(manager.model, precision, group_size, keep_float)
+    exported = manager.export()
+    exported.run_canonical_optimizations()
+    library._to_edge_and_lower_llama_xnnpack(exported, exported.modelname, [], None, [], None,
+                                             xnnpack_extended_ops=True).save_to_pte(output)

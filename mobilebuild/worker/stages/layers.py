@@ -73,9 +73,18 @@ def run(inputs, config, output):
         if uncompared:  # no SQNR: said, not ranked
             result["not_compared"] = uncompared
     except Exception as exc:  # a diagnosis, not a verdict: what it cannot do is said, and the build goes on
-        detail = exc.message if isinstance(exc, MobileBuildError) else f"{type(exc).__name__}: " \
-                                                                        f"{modeling.first_line(exc)}"
-        result["error"] = f"the per-layer comparison failed: {detail}"
+        result["error"] = failure(exc)
+    write(result, started, output)
+
+
+def failure(exc):
+    detail = exc.message if isinstance(exc, MobileBuildError) else f"{type(exc).__name__}: " \
+                                                                    f"{modeling.first_line(exc)}"
+    return f"the per-layer comparison failed: {detail}"
+
+
+def write(result, started, output):
+    """The result with its time, and its one line."""
     result["seconds"] = round(time.perf_counter() - started, 2)
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True, allow_nan=False)

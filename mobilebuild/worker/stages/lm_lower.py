@@ -18,11 +18,11 @@ from mobilebuild.worker.executorch_setup import ensure_flatc
 from mobilebuild.worker.runtimes import executorch as et_runtime
 
 
-def program_bytes(model, config):
+def program_bytes(model, config, keep_float=()):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    lm.quantize_linears(model, config.precision, config.group_size)
+    lm.quantize_linears(model, config.precision, config.group_size, keep_float)
     module = lm.static_cache_module(model, config.max_context)
     sequence = lm.sequence_dim(config.max_context)
     example = {"input_ids": torch.zeros(1, 2, dtype=torch.long), "cache_position": torch.arange(2)}
@@ -37,11 +37,13 @@ def program_bytes(model, config):
 def run(inputs, config, output):
     ensure_flatc()
     model = lm.causal_lm(config.model, inputs["checkpoint"])
+    keep_float = lm.kept_float(model, config.exclude, config.precision)
     if export_llm.fits(model, config.precision):
         with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
-            data = export_llm.program_bytes(model, config.precision, config.max_context, config.group_size, scratch)
+            data = export_llm.program_bytes(model, config.precision, config.max_context, config.group_size, scratch,
+                                            keep_float)
     else:
-        data = program_bytes(model, config)
+        data = program_bytes(model, config, keep_float)
     generator = et_runtime.generator(data, config)  # it runs on the host before it is written
     generator.forward(torch.zeros(1, 2, dtype=torch.long), 0)
     with open(output, "wb") as handle:
