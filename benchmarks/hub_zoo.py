@@ -8,8 +8,11 @@ artifact cache off), `mobilebuild build -n 1`. Image models train on scikit-lear
 synthetic task (benchmarks/zoo/hub_models.py), the speech encoder on tones, so that an int8 verdict measures the
 artifact. CPU-heavy: run it niced.
 
-    nice -n 15 .venv/bin/python benchmarks/hub_zoo.py [--only NAME[,NAME]] [--quick] [--keep DIR] [--no-docs]
-        [--minutes M] [--table]
+    nice -n 15 .venv/bin/python benchmarks/hub_zoo.py [--only NAME[,NAME]] [--columns COLUMN[,COLUMN]] [--quick]
+        [--keep DIR] [--no-docs] [--minutes M] [--table]
+
+--columns builds some of the targets only (e.g. columns added to zoo.TARGETS after a kept run); a model's rows from
+several runs are shown as one row, with each build's time.
 """
 
 import datetime
@@ -43,12 +46,13 @@ def timm_image(name, optimizer="sgd", **kwargs):
 
 def text(model_class, config, task="majority"):
     """A transformers text model on input_ids (16 tokens of 100), trained on the synthetic `task`; int8 dynamic on
-    the routes that quantize Transformers so (qnnpack, onnx-int8), as ONNX Runtime advises."""
+    the routes that quantize Transformers so (qnnpack, onnx-int8, litert-int8: as the zoo's text Transformer), as
+    ONNX Runtime advises."""
     train = {"function": "hub_models:train_tokens", "kwargs": {"task": task, **TEXT}}
     return {"model": {"transformers": model_class, "config": config, "train": train}, "inputs": TEXT_INPUTS,
             "calibration": {"source": "function", "function": "hub_models:token_batches",
                             "kwargs": {"task": task, **TEXT}},
-            "own": {"qnnpack": zoo.DYNAMIC, "onnx-int8": zoo.DYNAMIC}}
+            "own": {"qnnpack": zoo.DYNAMIC, "onnx-int8": zoo.DYNAMIC, "litert-int8": zoo.DYNAMIC}}
 
 
 HUB = {
@@ -88,7 +92,9 @@ HUB = {
                                  "kwargs": {"size": IMAGE_SIZE, "optimizer": "adamw"}}},
              "input": {"shape": [1, 3, IMAGE_SIZE, IMAGE_SIZE], "distribution": {"uniform": {"low": 0, "high": 1}}},
              "calibration": {"source": "function", "function": "zoo_models:digits_batches",
-                             "kwargs": {"size": IMAGE_SIZE}}}),
+                             "kwargs": {"size": IMAGE_SIZE}},
+             # static ONNX int8 quantizes its layer norms and attention: 14.6 dB; dynamic 40.5 dB
+             "own": {"qnnpack": zoo.DYNAMIC, "onnx-int8": zoo.DYNAMIC}}),
     "wav2vec2": ("transformers Wav2Vec2 speech encoder, audio classifier, 2 layers x 64, 1x4000 samples, trained "
                  "on four noisy tones",
                  {"model": {"transformers": "AutoModelForAudioClassification",
@@ -113,6 +119,19 @@ MEANINGS = [
      "torch.ao's eager quantization has no quantized form of a weight-normed Conv1d (Wav2Vec2's positional "
      "convolution) [prepare and convert of QuantStub, weight_norm(Conv1d), DeQuantStub raise the same "
      "AssertionError]"),
+    ("has no attribute 'device'",
+     "torch.ao's FX graph-mode quantization: EdgeNeXt's positional encoding reads token_projection.weight.device, "
+     "which FX records as an attribute read; convert_fx swaps that convolution for a quantized one whose weight is a "
+     "method, so the converted model fails on its first run [timm's edgenext_xx_small with the weights this build "
+     "trained, prepare_fx with torch.ao's qnnpack default qconfig mapping, one calibration call, convert_fx and one "
+     "run raise the same AttributeError; with untrained weights that run fails earlier, in QNNPACK's add: a layer "
+     "scale of 1e-6 gives a scale ratio below 2^-14]"),
+    ("not implemented for 'Long'",
+     "litert-torch's PT2E quantizer annotates both operands of a float mul, one an int64 tensor constant (EdgeNeXt "
+     "makes int64 tensors only in its Fourier positional encoding), and torchao's HistogramObserver cannot calibrate "
+     "it (torch.histc has no int64 kernel) [torch.export of timm's edgenext_xx_small, prepare_pt2e with litert-torch's "
+     "PT2EQuantizer (symmetric, per channel) and one calibration call raise the same NotImplementedError at the same "
+     "observer, activation_post_process_58, on an int64 _tensor_constant feeding aten.mul]"),
 ]
 
 
@@ -120,8 +139,9 @@ def meaning(line):
     return next((text for piece, text in MEANINGS if piece in line), None) or zoo.meaning(line)
 
 
-def recipes(name, quick):
-    """{name: recipe} as zoo.recipes makes them (calibration, verification on held-out data, benchmark)."""
+def recipes(name, quick, columns=tuple(zoo.TARGETS)):
+    """{name: recipe} as zoo.recipes makes them (calibration, verification on held-out data, benchmark), with the
+    targets of `columns`."""
     fields = dict(HUB[name][1])
     own = fields.pop("own", {})
     data = {"name": name, **fields}
@@ -129,22 +149,45 @@ def recipes(name, quick):
     data["quantize"] = {"calibration": {**data.pop("calibration"), "batches": 2 if quick else 8}}
     data["verify"] = {"samples": 2 if quick else 8, "evaluation": "calibration-holdout"}
     data["benchmark"] = {"warmup": 1 if quick else 2, "iters": 3 if quick else 10}
-    data["targets"] = [{**target, **own.get(column, {})} for column, target in zoo.TARGETS.items()]
+    data["targets"] = [{**target, **own.get(column, {})} for column, target in zoo.TARGETS.items()
+                       if column in columns]
     return {name: data}
 
 
-def build(root, name, quick, env):
+def build(root, name, quick, env, columns=tuple(zoo.TARGETS)):
     """zoo.build with the hub zoo's recipes and training functions, by this checkout's mobilebuild (PYTHONPATH in
-    main's environment), whichever checkout the console script was installed from."""
-    return zoo.build(root, name, quick, env, recipes(name, quick), (zoo.FACTORIES, HUB_MODELS),
-                     (sys.executable, "-m", "mobilebuild.cli"))
+    main's environment), whichever checkout the console script was installed from; the cells of `columns`."""
+    seconds, lines, cells = zoo.build(root, name, quick, env, recipes(name, quick, columns),
+                                      (zoo.FACTORIES, HUB_MODELS), (sys.executable, "-m", "mobilebuild.cli"))
+    return seconds, lines, {column: cells[column] for column in columns}
 
 
-def markdown(rows, quick, total, partial):
-    """The hub zoo's section of docs/zoo.md."""
+def merged(rows):
+    """[(name, about, {column: cell}, [(columns, seconds, log, trained) per build])] in HUB's order: a model's rows
+    from several runs (--columns) as one."""
+    found = {}
+    for name, about, cells, seconds, log, trained in rows:
+        row = found.setdefault(name, (name, about, {}, []))
+        row[2].update(cells)
+        row[3].append((list(cells), seconds, log, trained))
+    return [found[name] for name in HUB if name in found]
+
+
+def build_times(builds):
+    """The time column: each build's wall time, training and output; which columns, where several builds."""
+    return " + ".join((f"{', '.join(columns)}: " if len(builds) > 1 else "")
+                      + f"{seconds:.0f} s{zoo.training(trained)}; {log}" for columns, seconds, log, trained in builds)
+
+
+def markdown(rows, quick, total, note=None):
+    """The hub zoo's section of docs/zoo.md. `note`: how the rows were gathered, where not by one run (a kept
+    rows.json's "note")."""
     versions = {package: version(package) for package in ("torch", "timm", "transformers", "executorch",
-                                                          "onnxruntime")}
-    kinds = [kind for _, _, cells, _, _, _ in rows for kind, _ in cells.values()]
+                                                          "onnxruntime", "litert-torch", "ai-edge-litert")}
+    rows = merged(rows)
+    # the columns any build had, in zoo.TARGETS' order; a cell no build made is "not run"
+    columns = [column for column in zoo.TARGETS if any(column in cells for _, _, cells, _ in rows)]
+    kinds = [cells[column][0] if column in cells else "not run" for _, _, cells, _ in rows for column in columns]
     counts = ", ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds)))
     missing = [name for name in HUB if name not in {row[0] for row in rows}]
     out = [f"""{SECTION}
@@ -154,26 +197,29 @@ by the build's own `model.train` (`benchmarks/zoo/hub_models.py`: image models 1
 text models 150 steps of a synthetic task on 16 tokens of 100, the speech encoder 100 steps on four noisy tones),
 calibrated on the first {2 if quick else 8} samples of that data and verified on the ones after them at the default
 thresholds. Generated by `nice -n 15 .venv/bin/python benchmarks/hub_zoo.py{' --quick' if quick else ''}` on
-{datetime.date.today().isoformat()} with {', '.join(f'{k} {v}' for k, v in versions.items())}: {total / 60:.0f}
-minutes for the rows below, on a machine shared with other work (times are wall times under that load). Text
-models' int8 is dynamic on qnnpack and onnx-int8; on et-int8 it is what the build records (torchao's dynamic int8
-where PT2E fails on transformers' mask code). {counts}.
+{datetime.date.today().isoformat()} with {', '.join(f'{k} {v}' for k, v in versions.items())}, on a {zoo.machine()}
+shared with other work: {total / 60:.0f} minutes for the rows below (times are wall times under that load). Text
+models' int8 is dynamic on qnnpack, onnx-int8 and litert-int8, ViT's on qnnpack and onnx-int8; on et-int8 it is what
+the build records (torchao's dynamic int8 where PT2E fails on transformers' mask code). {counts}.
 """]
-    if partial:
-        out.append(f"**Partial:** the run stopped before {', '.join(missing)}; their rows are missing.\n")
-    columns = list(rows[0][2]) if rows else list(zoo.TARGETS)  # the run's (a kept run's, with --table)
+    if missing:
+        out.append(f"**Partial:** no build of {', '.join(missing)} finished; their rows are missing.\n")
+    if note:
+        out.append(f"{note}\n")
     out += [f"| model | {' | '.join(columns)} | time |", f"|---|{'---|' * len(columns)}---|"]
     notes = []
-    for name, about, cells, seconds, log, trained in rows:
+    for name, about, cells, builds in rows:
         shown = []
-        for column, (kind, line) in cells.items():
-            if kind == "verified":
+        for column in columns:
+            kind, line = cells.get(column, ("not run", ""))
+            if kind == "not run":
+                shown.append(kind)
+            elif kind == "verified":
                 shown.append(line.replace("verified (SQNR ", "verified ").split(",")[0].split(";")[0].rstrip(")"))
             else:
                 notes.append((name, column, kind, line))
                 shown.append(f"{'FAILED' if kind == 'failed' else kind} [{len(notes)}]")
-        out.append(f"| **{name}**: {about} | {' | '.join(shown)} | {seconds:.0f} s{zoo.training(trained)}; "
-                   f"{log} |")
+        out.append(f"| **{name}**: {about} | {' | '.join(shown)} | {build_times(builds)} |")
     if notes:
         out += ["", "Refusals and failures:", ""]
         out += [f"{number}. {name} / {column}: `{line.replace('`', chr(39))}`"
@@ -191,28 +237,33 @@ def write_docs(section):
 
 
 def main():
-    args, names = zoo.arguments(__doc__, HUB, minutes={
+    args, names = zoo.arguments(__doc__, HUB, columns={
+        "help": "comma-separated columns to build: " + ", ".join(zoo.TARGETS)}, minutes={
         "type": float, "help": "start no model after this many minutes (the page says it is partial)"}, table={
         "action": "store_true", "help": "write the page from the rows a --keep folder holds, building nothing"})
     if args.table:  # the page again from a kept run's rows (its wording changed, not its numbers)
         kept = json.loads((args.keep / "rows.json").read_text())
-        write_docs(markdown(kept["rows"], args.quick, kept["seconds"], partial=len(kept["rows"]) < len(HUB)))
+        write_docs(markdown(kept["rows"], args.quick, kept["seconds"], kept.get("note")))
         return
+    columns = args.columns.split(",") if args.columns else list(zoo.TARGETS)
+    unknown = [column for column in columns if column not in zoo.TARGETS]
+    if unknown:
+        sys.exit(f"hub_zoo.py: unknown column(s) {', '.join(unknown)}; known: {', '.join(zoo.TARGETS)}")
     scratch = None if args.keep else tempfile.TemporaryDirectory(prefix="hub-zoo-")
     root = args.keep.resolve() if args.keep else Path(scratch.name)
     env = {**bytecode_env(root), "MOBILEBUILD_CACHE": "off", "PYTHONPATH": str(REPO)}
-    print(f"hub zoo: {len(names)} models x {len(zoo.TARGETS)} targets in {root}", flush=True)
+    print(f"hub zoo: {len(names)} models x {len(columns)} targets in {root}", flush=True)
     rows, started = [], time.perf_counter()
     for name in names:
         if args.minutes and time.perf_counter() - started > args.minutes * 60:
             break
-        seconds, lines, cells = build(root, name, args.quick, env)
+        seconds, lines, cells = build(root, name, args.quick, env, columns)
         rows.append((name, HUB[name][0], cells, seconds, zoo.noise(lines), zoo.training_seconds(lines, name)))
         print(f"  {name}: {seconds:.0f} s{zoo.training(rows[-1][-1])} ({rows[-1][4]}): "
               + "; ".join(f"{column} {line}" for column, (_, line) in cells.items()), flush=True)
         (root / "rows.json").write_text(json.dumps({"rows": rows, "seconds": time.perf_counter() - started}))
         if not args.no_docs:  # after each model: an interrupted run leaves the rows it has
-            write_docs(markdown(rows, args.quick, time.perf_counter() - started, partial=len(rows) < len(HUB)))
+            write_docs(markdown(rows, args.quick, time.perf_counter() - started))
     print(f"\ntotal {(time.perf_counter() - started) / 60:.1f} min")
     if scratch:
         scratch.cleanup()

@@ -70,7 +70,7 @@ def test_eager_mode_failing_falls_back_to_fx_graph_mode_and_the_stored_model_is_
     quantized, note = quantize.static_any(model, "qnnpack", batches, None, "quantize.calibration", INPUTS)
     assert isinstance(quantized, torch.fx.GraphModule)
     assert note.startswith("eager mode cannot quantize it (fails on the qnnpack engine in Tensor.add")
-    assert note.endswith("quantized in FX graph mode; operations kept float: none")
+    assert note.endswith("quantized in FX graph mode, weights per-channel; operations kept float: none")
     modeling.save({quantize.GRAPH_MODE: "fx", "state_dict": quantized.state_dict()}, tmp_path / "quantized.pt")
     stage = SimpleNamespace(engine="qnnpack", quantization={"mode": "static", "weights": None}, inputs=INPUTS,
                             model={"factory": "residual_model:make"}, fuse="auto")

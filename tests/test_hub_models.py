@@ -1,6 +1,7 @@
 """Models from timm, built from their configs with random weights (no download): the stages take them as they take
 the project's own. Each model is small and runs at a small input size, so these stay in the fast tier."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,7 @@ import torch.ao.nn.intrinsic as nni
 
 from mobilebuild.engine import fetched
 from mobilebuild.plan.stages import QuantizeConfig
-from mobilebuild.worker.stages import fuse, modeling, quantize, script
+from mobilebuild.worker.stages import calibration, fuse, modeling, quantize, script
 
 INPUTS = [{"name": "input", "shape": [1, 3, 64, 64], "dtype": "float32", "memory_format": "contiguous"}]
 CALIBRATION = {"source": "random", "batches": 2, "seed": 0}
@@ -73,6 +74,98 @@ def test_fx_quantized_timm_model_is_stored_weights_only_and_rebuilt_exactly(tmp_
         assert torch.equal(direct(example), rebuilt(example))
         # the packed weights put back are the engine's own: the script stage compiles and runs them
         assert torch.equal(script.to_torchscript(rebuilt, "script", (example,))(example), rebuilt(example))
+
+
+def test_fx_graph_modes_observers_see_the_calibration_batches_alone():
+    """Finding the observers on integer tensors runs the example (random inputs) through the observed model: the
+    observers recorded it as calibration. timm's mobileone_s0 trained on digits reached 57,000 on the random image
+    (39 on digits), and the ranges it left rounded every qnnpack output to zero (SQNR 0 dB, cosine 0)."""
+    from torch.ao.quantization.observer import ObserverBase
+
+    from mobilebuild.worker.stages import fx_quantize
+
+    observed = fx_quantize.prepared(with_batchnorm_statistics(modeling.build_model(source("lcnet_050"), seed=0)),
+                                    "qnnpack", INPUTS)
+    observers = [module for module in observed.modules() if isinstance(module, ObserverBase)
+                 and hasattr(module, "min_val")]  # not the fixed ranges of hardsigmoid and the like
+    assert observers and all(torch.isinf(module.min_val).all() for module in observers)  # nothing seen yet
+
+
+def with_dead_channels(model, relu_norm, channels=4, batches=4):
+    """`model` with `channels` channels of the norm-activation layer `relu_norm` dead after its ReLU (a bias far below
+    zero), then batch-norm statistics estimated on random inputs with its weights fixed, as the hub zoo's training
+    ends: a depthwise convolution reading a dead channel gives a constant, whose batch norm gets running variance 0
+    and divides by sqrt(eps) alone (what timm's mobilenetv4_conv_small had after brief training, gain 880)."""
+    with torch.no_grad():
+        model.get_submodule(relu_norm).bias[:channels] = -1e3
+    norms = [module for module in model.modules() if isinstance(module, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average
+        norm.train()
+    with torch.no_grad():
+        for seed in range(batches):
+            model(modeling.example_inputs(INPUTS, seed=10 + seed, batch=8)[0])
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_fx_graph_mode_int8_keeps_the_channels_beside_a_large_folded_gain():
+    """Batch norm folded into a convolution scales each output channel by its own factor: a channel normalised by
+    sqrt(eps) alone gets weights hundreds of times the others', and qnnpack's default of one weight scale per tensor
+    rounded the rest away (the hub zoo's trained mobilenetv4_conv_small: -1.0 dB, cosine 0.26; 18.4 dB per channel).
+    FX graph mode takes per-channel weights unless quantize.weights says otherwise, as ExecuTorch's and ONNX
+    Runtime's quantizers do. Random weights otherwise: about 10 dB is what int8 gives this model either way."""
+    model = with_dead_channels(modeling.build_model(source("mobilenetv4_conv_small"), seed=0), "blocks.1.1.bn1")
+    assert list(fuse.still_channels(model)) == ["blocks.2.0.dw_start.bn"]
+    fused, _ = fuse.fuse(model, "auto")
+    example = modeling.example_inputs(INPUTS, seed=5, batch=4)
+    with torch.no_grad():
+        reference = fused(*example)
+    found = {}
+    for weights in (None, "per_tensor"):
+        quantized, note = quantize.static_any(copy.deepcopy(fused), "qnnpack", lambda: calibration.batches(
+            CALIBRATION, INPUTS), weights, "quantize.calibration", INPUTS)
+        with torch.no_grad():
+            found[weights] = sqnr(reference, quantized(*example)), note
+    assert found[None][0] > 8 and "quantized in FX graph mode, weights per-channel;" in found[None][1], found
+    assert found["per_tensor"][0] < 2, found  # what a recipe asking for per-tensor weights gets
+
+
+def test_batch_norm_of_channels_that_never_varied_is_named_with_its_gain():
+    """timm's mobileone_s0 trained briefly had channels dead after its stem: the batch norms of its first stage's
+    branches (identity branches among them) got running variance 0, dividing by sqrt(eps) alone (gains up to 970).
+    int8 rounding there was multiplied so much that qnnpack, ExecuTorch and ONNX int8 all failed; a failed int8
+    verification names them and says what to do."""
+    from mobilebuild.worker.stages import verify
+
+    model = with_batchnorm_statistics(modeling.build_model(source("mobileone_s0"), seed=0))
+    assert fuse.still_channels(model) == {}
+    identity = model.get_submodule("stages.0.1.identity")
+    identity.running_var[:3] = 0
+    identity.weight.data[:3] = torch.tensor([0.5, 2.0, 1.0])
+    found = fuse.still_channels(model)
+    assert list(found) == ["stages.0.1.identity"]
+    assert found["stages.0.1.identity"] == pytest.approx(2.0 / identity.eps ** 0.5)  # 632
+    note = verify.still_channels_note(found)
+    assert note.startswith("batch norm in stages.0.1.identity normalises channels that hardly varied on the data "
+                           "its statistics came from (running variance at most eps: gains up to 632)")
+    assert note.endswith("or keep those modules float (`quantize.exclude`)")
+    assert verify.int8_notes(model, calibrated=True) == note  # no layer norm: nothing on the mode
+
+
+def test_a_statically_quantized_transformer_is_pointed_at_dynamic_int8():
+    """transformers' ViT (2 layers x 64, trained on digits in the hub zoo): ONNX Runtime's static int8 gave 14.6 dB,
+    its dynamic int8 40.5 dB."""
+    from mobilebuild.worker.stages import verify
+
+    vit = modeling.build_model({"transformers": "AutoModelForImageClassification",
+                                "config": {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1,
+                                           "num_attention_heads": 2, "intermediate_size": 64, "image_size": 32,
+                                           "patch_size": 8, "num_labels": 10}}, seed=0)
+    assert verify.int8_notes(vit, calibrated=True) == verify.STATIC_TRANSFORMER
+    assert verify.int8_notes(vit, calibrated=False) is None  # dynamic already
+    assert verify.int8_notes(modeling.build_model(source("lcnet_050"), seed=0), calibrated=True) is None
 
 
 # --- fuse: batch norm in timm's norm-activation layers is folded -------------------------------------------------

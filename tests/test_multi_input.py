@@ -612,6 +612,36 @@ def test_a_native_warning_shown_earlier_in_the_build_is_not_shown_again(capfd, m
     assert capfd.readouterr().err == reduce_range.decode()
 
 
+QNNPACK_DYNAMIC_LINEAR = textwrap.dedent("""
+    import os, sys
+    import torch
+    from mobilebuild.worker import quiet
+
+    torch.backends.quantized.engine = "qnnpack"
+    linear = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(4, 2)), {torch.nn.Linear})
+    with quiet.native_stderr(once=sys.argv[1] == "filtered"):
+        linear(torch.randn(1, 4))
+        os.write(2, b"[W1124 01:29:01.000000002 TensorShape.cpp:167] Warning: cat\\n")
+""")
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_qnnpacks_reduce_range_note_is_dropped_and_other_native_warnings_pass(filtered):
+    """torch's dynamic quantized Linear asks qnnpack for reduce_range, which it ignores and says so (C++, once per
+    process: a fresh interpreter each): every text model's dynamic int8 build on qnnpack printed it."""
+    import subprocess
+    import sys
+
+    from mobilebuild.worker import quiet
+
+    outside_a_build = {name: value for name, value in os.environ.items() if name != quiet.SHOWN_WARNINGS}
+    ran = subprocess.run([sys.executable, "-c", QNNPACK_DYNAMIC_LINEAR, "filtered" if filtered else "raw"],
+                         capture_output=True, text=True, timeout=120, env=outside_a_build)
+    assert ran.returncode == 0, ran.stderr
+    assert ("qnnpack incorrectly ignores reduce_range" in ran.stderr) is not filtered
+    assert "TensorShape.cpp:167] Warning: cat" in ran.stderr
+
+
 def test_a_python_warning_is_shown_once_per_build(monkeypatch, tmp_path):
     """A quantized cat's UserWarning came from every stage, and from every candidate `mobilebuild tune` built."""
     import warnings

@@ -149,13 +149,14 @@ def static_any(model, engine, make_batches, weights, field, specs, source_field=
             reason = f"fails on the {reason}"
     else:
         reason = f"its stubs take one float input, and the model takes {modeling.describe_inputs(specs)}"
-    qconfig = qconfig_for(engine, weights, observer=observer)
+    granularity = fx_quantize.weights(weights)
+    qconfig = qconfig_for(engine, granularity, observer=observer)
     quantized = fx_quantize.static(model, engine, make_batches(), specs, qconfig, field, exclude)
     check_runs(quantized, specs, engine, field=source_field)
     kept = fx_quantize.kept_float(quantized)
     floats = ", ".join(f"{name} x{count}" for name, count in sorted(kept.items())) or "none"
-    return quantized, f"eager mode cannot quantize it ({reason}): quantized in FX graph mode; " \
-                      f"operations kept float: {floats}"
+    return quantized, f"eager mode cannot quantize it ({reason}): quantized in FX graph mode, weights " \
+                      f"{granularity.replace('_', '-')}; operations kept float: {floats}"
 
 
 def dynamic(model, engine, weights=None, exclude=()):
@@ -186,9 +187,11 @@ def load_quantized(inputs, config):
     # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
     # ones: the cheapest observer gives the same structure, where the engine's HistogramObserver would spend its
     # parameter search on nothing (timm's mobileone_s0 in FX graph mode: 281 s of a 30 s rebuild)
+    graph_mode = isinstance(saved, dict) and saved.get(GRAPH_MODE) == "fx"
+    weights = fx_quantize.weights(quantization["weights"]) if graph_mode else quantization["weights"]
     skeleton = tq.QConfig(activation=tq.MinMaxObserver.with_args(dtype=torch.quint8),
-                          weight=qconfig_for(engine, quantization["weights"]).weight)
-    if isinstance(saved, dict) and saved.get(GRAPH_MODE) == "fx":
+                          weight=qconfig_for(engine, weights).weight)
+    if graph_mode:
         model = fx_quantize.rebuild(fused, engine, specs, skeleton, exclude)
         return fx_quantize.load_state(model, saved, inputs["quantized"]).eval()
     with warnings.catch_warnings():
