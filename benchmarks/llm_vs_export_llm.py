@@ -2,7 +2,9 @@
 by hand with ExecuTorch's own `export_llm` (its Llama definition, custom SDPA-with-KV-cache op, XNNPACK) and through
 transformers' static-cache export (the build's path for other models), and against eager transformers generation:
 time to first token and decode tokens/s side by side in one process, one thread each where the runtime
-takes it (ExecuTorch's thread pool is sized to 1 for all of its programs alike).
+takes it (ExecuTorch's thread pool is sized to 1 for all of its programs alike). Each ExecuTorch program of ours is
+timed twice: through the build's generator (a step at a time from Python, worker/lm.py) and through ExecuTorch's own
+LLM runner (its Python binding, the byte tokenizer: worker/llm_runner.py), the harness lm_bench uses for them.
 
     MOBILEBUILD_EXTRA_RECIPES=examples/llm/pydoc_lm.yaml mobilebuild build examples/llm/pydoc_lm.yaml
     python benchmarks/llm_vs_export_llm.py [SCRATCH_DIR]
@@ -11,10 +13,8 @@ export_llm's logits are checked against eager first, so a bad weight mapping can
 Prints one line per artifact and the ratio ours / export_llm's.
 """
 
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -26,13 +26,14 @@ import mobilebuild.routes  # noqa: E402,F401  (the route families: the recipe's 
 from mobilebuild.plan import generation  # noqa: E402
 from mobilebuild.plan import recipe as recipes  # noqa: E402
 from mobilebuild.plan.chain import model_source  # noqa: E402
-from mobilebuild.worker import export_llm, lm  # noqa: E402
+from mobilebuild.worker import export_llm, llm_runner, lm  # noqa: E402
 from mobilebuild.worker.executorch_setup import ensure_flatc  # noqa: E402
 from mobilebuild.worker.runtimes import executorch as et_runtime  # noqa: E402
-from mobilebuild.worker.stages import lm_lower  # noqa: E402
+from mobilebuild.worker.stages import lm_bench, lm_lower  # noqa: E402
 
 RECIPE = "examples/llm/pydoc_lm.yaml"
 RUNS, WARMUP = 10, 2
+RUNNER = "  the same, LLM runner"
 OURS = (("fp32", "xnnpack-executorch"), ("8da4w", "xnnpack-executorch-8da4w"))  # the recipe's targets
 
 
@@ -42,20 +43,14 @@ def export_by_hand(model, generate, precision, scratch):
     return export_llm.program_bytes(model, precision, generate["max_context"], generate["group_size"], str(scratch))
 
 
-def timed(generator, length, new_tokens):
-    """(TTFT ms, decode tokens/s): medians over RUNS after WARMUP."""
-    prompt = torch.zeros(1, length, dtype=torch.long)
-    first, decode = [], []
-    for index in range(WARMUP + RUNS):
-        started = time.perf_counter()
-        token = int(generator.forward(prompt, 0)[0, -1].argmax())
-        prefilled = time.perf_counter()
-        for step in range(new_tokens - 1):
-            token = int(generator.forward(torch.tensor([[token]]), length + step)[0, -1].argmax())
-        if index >= WARMUP:
-            first.append((prefilled - started) * 1e3)
-            decode.append((new_tokens - 1) / (time.perf_counter() - prefilled))
-    return statistics.median(first), statistics.median(decode)
+def timed(generator, length, new_tokens, tokenizer):
+    """(TTFT ms, decode tokens/s): medians over RUNS after WARMUP; `generator`: a generator (worker/lm.py) or the
+    path of a program for ExecuTorch's LLM runner (with the byte tokenizer's file)."""
+    if isinstance(generator, Path):
+        found = llm_runner.time_on_host(generator, tokenizer, [length], new_tokens, WARMUP, RUNS)[str(length)]
+    else:
+        found = lm_bench.generator_timings(generator, length, new_tokens, WARMUP, RUNS)
+    return found["ttft_ms"], 1e3 / found["decode_ms_per_token"]
 
 
 def main():
@@ -63,6 +58,7 @@ def main():
     torch.set_num_threads(1)
     scratch = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="export_llm-"))
     scratch.mkdir(parents=True, exist_ok=True)
+    tokenizer = llm_runner.byte_tokenizer(scratch / "tokenizer.json")
     loaded = recipes.load(RECIPE, REPO)
     generate, out = loaded.generate, REPO / "artifacts" / loaded.name
     source = model_source(loaded.model, loaded.inputs)
@@ -79,17 +75,19 @@ def main():
         found = by_hand.forward(prompt, 0)[0, -1]
         sqnr = 10 * torch.log10(reference.pow(2).mean() / (reference - found).pow(2).mean())
         print(f"export_llm {precision}: {len(data) / 1e6:.3f} MB, prefill logits SQNR against eager {sqnr:.1f} dB")
-        mine = (out / f"{loaded.name}-{ours}.pte").read_bytes()
+        path = out / f"{loaded.name}-{ours}.pte"
+        mine = path.read_bytes()
         settings = generation.LMExportConfig(model=source, precision=precision, max_context=generate["max_context"],
                                              group_size=generate["group_size"])
         static = lm_lower.program_bytes(lm.causal_lm(source, out / "checkpoint.pt"), settings)
         rows += [(f"mobilebuild {ours}", precision, et_runtime.Generator(mine), len(mine)),
+                 (RUNNER, precision, path, len(mine)),
                  ("export_llm by hand", precision, by_hand, len(data)),
                  ("transformers static cache", precision, et_runtime.Generator(static), len(static))]
     results = {}
     for length in generate["prompt_lengths"]:
         for name, precision, generator, size in rows:
-            ttft, rate = timed(generator, length, generate["new_tokens"])
+            ttft, rate = timed(generator, length, generate["new_tokens"], tokenizer)
             results[(name, precision, length)] = (ttft, rate)
             print(f"{name:28s} {precision:6s} prompt {length:3d}: TTFT {ttft:7.3f} ms, decode {rate:8.1f} tokens/s"
                   + (f", {size / 1e6:.3f} MB" if size else ""))
@@ -97,8 +95,10 @@ def main():
         for length in generate["prompt_lengths"]:
             ours = results[(f"mobilebuild {target}", precision, length)]
             theirs = results[("export_llm by hand", precision, length)]
+            runner = results[(RUNNER, precision, length)]
             print(f"ratio ours/export_llm {precision} prompt {length}: decode tokens/s {ours[1] / theirs[1]:.2f}x, "
-                  f"TTFT {theirs[0] / ours[0]:.2f}x (above 1: ours faster)")
+                  f"TTFT {theirs[0] / ours[0]:.2f}x (above 1: ours faster); ours through the LLM runner / through "
+                  f"the generator: decode tokens/s {runner[1] / ours[1]:.2f}x, TTFT {ours[0] / runner[0]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,16 @@ def test_a_generate_setting_rekeys_only_the_nodes_that_read_it(tmp_path, change,
                           "lm_layers:lm-onnx-int4"}
 
 
+def test_an_executorch_lm_is_timed_on_the_selected_device_by_the_llm_runner(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOBILEBUILD_ADB_SERIAL", "R58M")
+    write(tmp_path, LM)
+    (loaded,) = recipe.load_all(tmp_path)
+    settings = {node.task_name: node.settings for node in graph.recipe_nodes(loaded, str(tmp_path))}
+    assert settings["lm_bench:lm-xnnpack-executorch"].device == {"serial": "R58M",
+                                                                 "binary": "/data/local/tmp/llama_main"}
+    assert settings["lm_bench:lm-onnx"].device is None and settings["lm_bench:lm-eager"].device is None
+
+
 @pytest.mark.parametrize("change, expected", [
     ({"generate": {"max_context": 8, "prompt_lengths": [8]}},
      "generate.max_context: the longest prompt (8) and new_tokens (16) exceed max_context (8)"),
@@ -158,6 +168,68 @@ def test_a_plain_llama_takes_export_llms_path_with_meta_names(tiny_llama):
     assert export_llm.params(tiny_llama.config)["n_kv_heads"] == 1
 
 
+QWEN = {key: value for key, value in LLAMA.items() if key != "model_type"}
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def tiny_qwen(request):
+    """A tiny Qwen2 (biases on q, k, v) or Qwen3 (RMSNorm on queries and keys) with random weights, its norms and
+    biases moved off their initial values so that a mapping that dropped them would show."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(request.param, **QWEN, head_dim=16)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    return model
+
+
+def test_qwen_takes_export_llms_path_with_its_own_names(tiny_qwen):
+    from mobilebuild.worker import export_llm
+
+    assert export_llm.fits(tiny_qwen, "fp32") and export_llm.fits(tiny_qwen, "8da4w")
+    state, settings = export_llm.meta_state(tiny_qwen), export_llm.params(tiny_qwen.config)
+    assert len(state) == len(tiny_qwen.state_dict()) and settings["head_dim"] == 16
+    if tiny_qwen.config.model_type == "qwen2":
+        assert {"layers.0.attention.wq.bias", "layers.0.attention.wv.bias"} <= set(state)
+        assert settings["attention_qkv_bias"] and not settings.get("use_qk_norm")
+    else:
+        assert {"layers.0.attention.q_norm_fn.weight", "layers.0.attention.k_norm_fn.weight"} <= set(state)
+        assert settings["use_qk_norm"] and settings["qk_norm_before_rope"]
+
+
+def test_a_model_export_llms_llama_would_build_wrongly_does_not_fit(tiny_qwen):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mobilebuild.worker import export_llm
+
+    sliding = AutoConfig.for_model(tiny_qwen.config.model_type, **QWEN, use_sliding_window=True, sliding_window=8,
+                                   max_window_layers=0)
+    assert not export_llm.fits(AutoModelForCausalLM.from_config(sliding), "fp32")
+    biased = AutoConfig.for_model("llama", **QWEN, attention_bias=True)
+    assert not export_llm.fits(AutoModelForCausalLM.from_config(biased), "fp32")
+
+
+@pytest.mark.slow
+def test_qwen_through_export_llm_agrees_with_transformers(tiny_qwen, tmp_path):
+    """ExecuTorch's Llama definition with Qwen's settings and the mapped weights: the prefill's and a decode step's
+    logits as the transformers model's."""
+    from mobilebuild.worker import export_llm
+    from mobilebuild.worker.executorch_setup import ensure_flatc
+    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.worker.stages.lm_verify import sqnr_db
+
+    ensure_flatc()
+    program = et_runtime.Generator(export_llm.program_bytes(tiny_qwen, "fp32", 32, 32, str(tmp_path)))
+    prompt = torch.arange(1, 9).view(1, -1)
+    with torch.no_grad():
+        assert sqnr_db(tiny_qwen(prompt).logits[0, -1], program.forward(prompt, 0)[0, -1]) > 100
+        longer = torch.cat([prompt, torch.tensor([[5]])], dim=1)
+        assert sqnr_db(tiny_qwen(longer).logits[0, -1], program.forward(longer[:, -1:], 8)[0, -1]) > 100
+
+
 def test_prompts_spread_over_the_held_out_text():
     from mobilebuild.worker import lm
 
@@ -209,8 +281,15 @@ def test_the_report_has_a_generation_table_for_a_language_model():
                 "benchmarks": {"eager": {**timed, "decode_tokens_per_s": 1000.0}, "et": timed}}
     (section,) = report_data.build([manifest]).sections
     assert section.generation.cells[1] == ["et", "8da4w", "passed", "0.300", "16: 0.50, 64: 1.50", "4000", "500",
-                                           "0.812", "33.1", "21.600", "21.700"]
+                                           "0.812", "33.1", "21.600", "21.700", "not measured on a device"]
     assert section.generation.cells[0][:3] == ["eager fp32", "fp32", "reference"]
+    timed["device"] = {"status": "ran", "serial": "R58M", "prompt_lengths": {
+        "16": {"ttft_ms": 12, "decode_ms_per_token": 2.25}, "64": {"ttft_ms": 31, "decode_ms_per_token": 2.5}}}
+    timed["harness"] = "ExecuTorch LLM runner (TextLLMRunner)"
+    manifest["benchmarks"]["eager"]["harness"] = "eager generator"
+    (section,) = report_data.build([manifest]).sections
+    assert section.generation.cells[1][-1] == "16: TTFT 12 ms, 2.2 ms/token, 64: TTFT 31 ms, 2.5 ms/token on R58M"
+    assert "timed by (et): ExecuTorch LLM runner (TextLLMRunner)" in section.notes
     assert report_data.GENERATION_TITLE in report_markdown.render(report_data.build([manifest]))
     for result in (manifest["verification"]["et"], *manifest["benchmarks"].values()):
         result["generation"] = False
@@ -246,3 +325,21 @@ def test_a_model_export_llm_does_not_define_takes_the_transformers_export(projec
     for target, floor in (("xnnpack-executorch", 100), ("et-8da8w", 25), ("onnx", 100)):
         verified = json.loads(project.artifact(f"gpt/verify-{target}.json").read_text())
         assert verified["status"] == "passed" and verified["metrics"]["sqnr_db"] > floor, verified
+
+
+@pytest.mark.slow
+def test_a_qwen3_recipe_builds_through_export_llm_and_verifies(project):
+    """A transformers Qwen3 config in a recipe: the build takes export_llm's path (its program has the LLM runner's
+    metadata methods) and the artifact verifies against transformers."""
+    from mobilebuild.worker import export_llm
+    from mobilebuild.worker.runtimes import executorch as et_runtime
+
+    project.write_recipe({**copy.deepcopy(LM), "name": "qwen",
+                          "model": {"transformers": "AutoModelForCausalLM",
+                                    "config": {**LLAMA, "model_type": "qwen3", "head_dim": 16}},
+                          "targets": [{"backend": "xnnpack", "runtime": "executorch"}]})
+    project.doit()
+    verified = json.loads(project.artifact("qwen/verify-xnnpack-executorch.json").read_text())
+    assert verified["status"] == "passed" and (verified["metrics"]["sqnr_db"] or 200) > 100, verified
+    program = et_runtime.Generator(project.artifact("qwen/qwen-xnnpack-executorch.pte").read_bytes())
+    assert export_llm.METADATA_METHOD in program.method_names

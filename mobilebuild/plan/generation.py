@@ -17,8 +17,8 @@ VERIFY, BENCH, LAYERS = "lm_verify", "lm_bench", "lm_layers"
 GROUPED = ("8da4w", "int4")  # weights quantized in groups of generate.group_size
 
 # What a target must reach when the recipe sets no thresholds for its precision (generate.thresholds). On the
-# bundled tiny Llama, one build: fp32 120-125 dB, every token agreeing; int8 weights 35 dB; 8da4w and int4 about
-# 24 dB with about three quarters of the tokens agreeing; perplexity within 0.5%.
+# bundled 2.5 M-parameter Llama, one build: fp32 118-125 dB, every token agreeing; int8 weights 37 dB; 8da4w and
+# int4 26-29 dB with about four fifths of the tokens agreeing; perplexity within 0.1% (docs/llm.md).
 DEFAULT_THRESHOLDS = {
     "fp32": {"sqnr_db": 40.0, "agreement": 0.9, "perplexity_ratio": 1.01},
     "int8": {"sqnr_db": 15.0, "agreement": 0.5, "perplexity_ratio": 1.1},
@@ -87,6 +87,7 @@ class LMBenchConfig:
     prompt_lengths: list
     new_tokens: int
     timing: dict  # warmup, iters, threads (recipe.benchmark)
+    device: dict | None = None  # an Android device to time it on too, with the route's LLM runner
 
 
 def recipe_fields(config):
@@ -115,11 +116,11 @@ def _verify_config(chain, runtime):
         default_thresholds=defaults)
 
 
-def bench_config(recipe, runtime, source):
+def bench_config(recipe, runtime, source, device=None):
     generate = recipe.generate
     return LMBenchConfig(**runtime, model=source, max_context=generate["max_context"],
                          prompt_lengths=generate["prompt_lengths"], new_tokens=generate["new_tokens"],
-                         timing={key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")})
+                         timing={key: recipe.benchmark[key] for key in ("warmup", "iters", "threads")}, device=device)
 
 
 def target_nodes(chain, root):
@@ -133,7 +134,8 @@ def target_nodes(chain, root):
                         {"artifact": final, "checkpoint": chain.nodes["checkpoint"]},
                         f"{chain.out}/verify-{target.id}.json", files=chain.source_files + text_files,
                         fields=chain.fields)
-    bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source), {"artifact": final},
+    device = route.generation.device(recipe.benchmark["device"]) if route.generation.device else None
+    bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source, device), {"artifact": final},
                        f"{chain.out}/bench-{target.id}.json", fields=chain.fields)
     checks = [verify, bench]
     if chain.precision != "fp32" and route.generation.layers and recipe.verify.get("layers", True):

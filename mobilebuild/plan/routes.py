@@ -85,11 +85,13 @@ class Generation:
     that writes the artifact from the checkpoint, and its precisions (the first is the default). The route's runtime
     module gives `generator(path, config)`, which runs the artifact a step at a time (worker/lm.py). `layers`: the
     worker-side module that ranks a quantized target's layers (its `Quantizer`: worker/stages/lm_layers.py), or
-    None."""
+    None. `device`: (benchmark.device) -> the Android device and runner that time the artifact there, or None: not
+    on a device."""
 
     stage: str
     precisions: tuple
     layers: str | None = None
+    device: Callable | None = None
 
 
 @dataclass(frozen=True)

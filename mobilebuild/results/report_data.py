@@ -599,6 +599,11 @@ def _notes(rows):
         for row in rows if row.median_ms is not None)
     notes.extend(f"latency ({', '.join(labels)}): {text}" for text, labels in settings.items())
 
+    # a language model's timings: ExecuTorch's LLM runner steps in C++, a generator from Python (docs/llm.md)
+    harnesses = _grouped((row.label, row.benchmark["harness"]) for row in rows if "harness" in row.benchmark)
+    if len(harnesses) > 1:
+        notes.extend(f"timed by ({', '.join(labels)}): {text}" for text, labels in harnesses.items())
+
     devices = _grouped((row.label, _device(row.benchmark["device"])) for row in rows if "device" in row.benchmark)
     benchmarked = [row.label for row in rows if row.benchmark]
     for text, labels in devices.items():
@@ -689,6 +694,17 @@ def _per_length(row, key, digits):
     return ", ".join(f"{length}: {_fixed(_get(values, key), digits)}" for length, values in lengths.items()) or NONE
 
 
+def _on_device(row):
+    """What the device run of a language model's artifact found, or that there was none."""
+    found = _dict(_get(row.benchmark, "device"))
+    if found.get("status") != "ran":
+        return "not measured on a device"
+    lengths = _dict(found.get("prompt_lengths"))
+    return ", ".join(f"{length}: TTFT {_fixed(_get(values, 'ttft_ms'), 0)} ms, "
+                     f"{_fixed(_get(values, 'decode_ms_per_token'), 1)} ms/token" for length, values in lengths.items()
+                     ) + f" on {found.get('serial')}"
+
+
 GENERATION_COLUMNS = [
     Column("target", "", False, lambda row: row.label),
     Column("precision", "", False, lambda row: _text(row.precision)),
@@ -701,6 +717,7 @@ GENERATION_COLUMNS = [
     Column("SQNR (dB)", "", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
     Column("perplexity", "", True, lambda row: _fixed(row.metric("perplexity_artifact"), 3)),
     Column("eager perplexity", "", True, lambda row: _fixed(row.metric("perplexity_eager"), 3)),
+    Column("on a device (prompt length: llama_main's figures)", "", False, _on_device),
 ]
 
 

@@ -9,7 +9,7 @@ from mobilebuild.plan import generation, stages
 from mobilebuild.plan.routes import Checks, Generation, Int8, Route, Runtime, Section, mapping, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
-from mobilebuild.routes.torchscript import TORCH_OBSERVERS
+from mobilebuild.routes.torchscript import TORCH_OBSERVERS, select_device
 
 FAMILY = "ExecuTorch"
 PACKAGES = ("executorch", "torchao", "coremltools")
@@ -159,6 +159,12 @@ SECTION = Section("executorch", SCHEMA)
 CHECKS = Checks(preflight=preflight, hint=layout_hint, outputs=outputs)
 
 
+def lm_device(device_config):
+    """The Android device on which ExecuTorch's LLM runner (llama_main over adb) times a language model's program;
+    the selection keys the timing node."""
+    return {"serial": select_device(device_config.get("serial")), "binary": device_config["llm_runner"]}
+
+
 def runtime(device_only=None):
     return Runtime("executorch", FAMILY, device_only=device_only, packages=PACKAGES, package="executorch",
                    structure=structure)
@@ -168,7 +174,7 @@ register(Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
                "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)", runtime(),
                int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES, fixed_shapes=INT8_FIXED),
                delegate="xnnpack", section=SECTION, generation=Generation("lm_lower", ("fp32", "8da4w", "8da8w"),
-                                     layers="mobilebuild.worker.layers.lm_torchao"),
+                                     layers="mobilebuild.worker.layers.lm_torchao", device=lm_device),
                checks=replace(CHECKS, layers=pt2e_layers, layer_methods={
                    "pt2e": "PT2E numeric debugger",
                    "lm_torchao": "each linear layer alone quantized by torchao, eager logits at the prefill"})))

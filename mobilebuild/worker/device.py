@@ -3,7 +3,8 @@
 The flow is the performance recipe's and the NNAPI blog's: push the model to /data/local/tmp, run the benchmark
 binary there, read its one summary line. Every outcome is a JSON-able dict: "ran" with the binary's own figures,
 "skipped" when there is nothing to run on, "failed" with the output's tail. A figure is only ever one the binary
-printed (or, for iters per second, its exact inverse), never a guess.
+printed (or, for iters per second, its exact inverse), never a guess. `adb_session` (a device, adb and the
+binary checked) serves ExecuTorch's LLM runner too (worker/llm_runner.py).
 """
 
 import re
@@ -61,47 +62,60 @@ def speed_benchmark_argv(binary, model, *, input_dims, input_type, warmup, iters
             f"--pthreadpool_size={threads}"]
 
 
+def adb_session(serial, binary, adb=None, timeout=600, *, build):
+    """{"status": "ready", "run": run(words, what, shell=True)} where `binary` is on the attached device `serial`;
+    else the "skipped" or "failed" result that says why not. `build`: (how to build the binary, the path it is
+    built at), for the line that says so where it is missing."""
+    if not serial:
+        return skipped("no device selected (set benchmark.device.serial in the recipe or MOBILEBUILD_ADB_SERIAL)")
+    adb_path = shutil.which(adb or "adb")
+    if adb_path is None:
+        return skipped("adb not on PATH" if adb is None else f"adb not found: {adb}")
+
+    def run(words, what, shell=True, check=True):
+        return _adb([adb_path, "-s", serial, *(["shell"] if shell else []), *words], timeout, what, check=check)
+
+    try:
+        states = attached_devices(_adb([adb_path, "devices"], timeout, "adb devices").stdout)
+        if states.get(serial) != "device":
+            listed = ", ".join(f"{name} {state}" for name, state in states.items()) or "nothing"
+            return skipped(f"device {serial} not attached (adb devices lists: {listed})")
+        if not _binary_present(run(["ls", shlex.quote(binary)], "adb shell ls", check=False), binary):
+            return skipped(f"{binary} not found on device {serial}: build it {build[0]} and push it with "
+                           f"`adb -s {serial} push {build[1]} {binary}`")
+    except AdbFailed as failure:
+        return failed(str(failure))
+    return {"status": "ready", "run": run}
+
+
 def benchmark_on_device(artifact, *, serial, input_dims, input_type="float", warmup=5, iters=200, threads=1,
                         use_bundled_input=False, binary=DEFAULT_BINARY, adb=None, timeout=600):
     """Push `artifact` to the device `serial` and run speed_benchmark_torch on it; see the module docstring."""
-    if not serial:
-        return _skipped("no device selected (set benchmark.device.serial in the recipe or MOBILEBUILD_ADB_SERIAL)")
-    adb_path = shutil.which(adb or "adb")
-    if adb_path is None:
-        return _skipped("adb not on PATH" if adb is None else f"adb not found: {adb}")
+    session = adb_session(serial, binary, adb, timeout, build=(f"in a PyTorch checkout with `{BUILD_BINARY_COMMAND}`",
+                                                              "build_android/bin/speed_benchmark_torch"))
+    if session["status"] != "ready":
+        return session
+    run = session["run"]
     try:
-        devices = _adb([adb_path, "devices"], timeout, "adb devices")
-        states = attached_devices(devices.stdout)
-        if states.get(serial) != "device":
-            listed = ", ".join(f"{name} {state}" for name, state in states.items()) or "nothing"
-            return _skipped(f"device {serial} not attached (adb devices lists: {listed})")
-
-        shell = [adb_path, "-s", serial, "shell"]
-        if not _binary_present(_adb([*shell, "ls", shlex.quote(binary)], timeout, "adb shell ls", check=False), binary):
-            return _skipped(
-                f"{binary} not found on device {serial}: build it in a PyTorch checkout with "
-                f"`{BUILD_BINARY_COMMAND}` and push it with "
-                f"`adb -s {serial} push build_android/bin/speed_benchmark_torch {binary}`")
-
         artifact = Path(artifact)
         if not artifact.is_file():
-            return _failed(f"artifact {artifact} does not exist")
+            return failed(f"artifact {artifact} does not exist")
         remote_model = f"{REMOTE_DIR}/{artifact.name}"
-        _adb([adb_path, "-s", serial, "push", str(artifact), remote_model], timeout, "adb push")
+        run(["push", str(artifact), remote_model], "adb push", shell=False)
 
         # adb joins the words after `shell` with spaces for the device's shell, so each is quoted for it.
         device_argv = speed_benchmark_argv(binary, remote_model, input_dims=input_dims, input_type=input_type,
                                            warmup=warmup, iters=iters, threads=threads,
                                            use_bundled_input=use_bundled_input)
-        command = [*shell, *(shlex.quote(word) for word in device_argv)]
-        ran = _adb(command, timeout, "speed_benchmark_torch")
+        ran = run([shlex.quote(word) for word in device_argv], "speed_benchmark_torch")
         try:
             figures = parse_speed_benchmark(ran.stdout)
         except ValueError as error:
             # Adb older than Android 7 reports exit status 0 whatever the device command did.
-            return _failed(f"speed_benchmark_torch: {error}: {_tail(ran.stdout)}")
-    except _AdbFailed as failure:
-        return _failed(str(failure))
+            return failed(f"speed_benchmark_torch: {error}: {tail(ran.stdout)}")
+    except AdbFailed as failure:
+        return failed(str(failure))
+    command = list(ran.args)
     # The binary reports total time / iterations: a mean, not a median like the host benchmark.
     return {"status": "ran", "serial": serial, "command": command, **figures,
             "mean_ms": figures["us_per_iter"] / 1000.0, "raw": _lines(ran.stdout)[-RAW_LINES:]}
@@ -126,7 +140,7 @@ def _binary_present(listed, binary):
     return listed.returncode == 0 and binary in _lines(listed.stdout)
 
 
-class _AdbFailed(Exception):
+class AdbFailed(Exception):
     """An adb call that could not do its job; its message is the "failed" reason."""
 
 
@@ -138,11 +152,11 @@ def _adb(argv, timeout, what, *, check=True):
     except subprocess.TimeoutExpired as expired:
         # Killing the local adb may leave the benchmark running on the device until it finishes by itself.
         partial = expired.output.decode(errors="replace") if isinstance(expired.output, bytes) else expired.output
-        raise _AdbFailed(f"{what} timed out after {timeout} s: {_tail(partial or '')}") from None
+        raise AdbFailed(f"{what} timed out after {timeout} s: {tail(partial or '')}") from None
     except OSError as error:
-        raise _AdbFailed(f"{what} could not start: {error}") from None
+        raise AdbFailed(f"{what} could not start: {error}") from None
     if check and result.returncode != 0:
-        raise _AdbFailed(f"{what} exited with status {result.returncode}: {_tail(result.stdout)}")
+        raise AdbFailed(f"{what} exited with status {result.returncode}: {tail(result.stdout)}")
     return result
 
 
@@ -151,15 +165,15 @@ def _lines(text):
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def _tail(text):
+def tail(text):
     """The output's last few lines as one line, for a reason string."""
     tail = " | ".join(_lines(text)[-REASON_LINES:]) or "(no output)"
     return tail if len(tail) <= REASON_CHARS else "..." + tail[-REASON_CHARS:]
 
 
-def _skipped(reason):
+def skipped(reason):
     return {"status": "skipped", "reason": reason}
 
 
-def _failed(reason):
+def failed(reason):
     return {"status": "failed", "reason": reason}

@@ -1,10 +1,10 @@
 """ExecuTorch's own LLM export (`export_llm`: its Llama definition, its custom SDPA-with-KV-cache op, XNNPACK) for a
-transformers Llama, where it fits: the lm_lower stage's fast path.
+transformers Llama, Qwen2 or Qwen3, where it fits: the lm_lower stage's fast path.
 
 On the bundled tiny Llama, export_llm's program decoded about 3x faster than transformers' static-cache export
 lowered the same way (most of the latter's operators, the mask and the cache update, run outside the delegate):
-benchmarks/llm_vs_export_llm.py. The weights are mapped to Meta's Llama names as ExecuTorch's own Qwen 2.5
-converter maps Hugging Face ones, `use_hf_rope` keeping transformers' rotary layout; verification compares the
+benchmarks/llm_vs_export_llm.py. The weights are mapped to Meta's Llama names by ExecuTorch's own Qwen3
+converter's table, `use_hf_rope` keeping transformers' rotary layout; verification compares the
 program with the transformers model, so a mapping that went wrong cannot pass.
 
 Its program takes (tokens [1, T], input_pos [1]) and returns the last position's logits [1, vocab]; an app runs it
@@ -20,54 +20,53 @@ import torch
 from mobilebuild.worker import lm, quiet
 
 PRECISIONS = {"fp32": None, "8da4w": "8da4w"}  # ours -> export_llm's qmode
-HF_TO_META = {
-    "model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
-    "lm_head.weight": "output.weight",
-    "model.layers.{}.self_attn.q_proj.weight": "layers.{}.attention.wq.weight",
-    "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attention.wk.weight",
-    "model.layers.{}.self_attn.v_proj.weight": "layers.{}.attention.wv.weight",
-    "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attention.wo.weight",
-    "model.layers.{}.input_layernorm.weight": "layers.{}.attention_norm.weight",
-    "model.layers.{}.post_attention_layernorm.weight": "layers.{}.ffn_norm.weight",
-    "model.layers.{}.mlp.gate_proj.weight": "layers.{}.feed_forward.w1.weight",
-    "model.layers.{}.mlp.down_proj.weight": "layers.{}.feed_forward.w2.weight",
-    "model.layers.{}.mlp.up_proj.weight": "layers.{}.feed_forward.w3.weight",
-}
 METADATA_METHOD = "get_max_seq_len"  # a method export_llm's programs have, for the LLM runner
+# The transformers families ExecuTorch's Llama definition builds (as its own qwen2_5 / qwen3 configs set it up):
+# model_type -> its ModelArgs beyond the sizes. Qwen2: biases on q, k and v; Qwen3: RMSNorm on each head's queries
+# and keys before the rotary embedding.
+FAMILIES = {"llama": {}, "qwen2": {"attention_qkv_bias": True},
+            "qwen3": {"use_qk_norm": True, "qk_norm_before_rope": True}}
 
 
 def fits(model, precision):
-    """Whether export_llm's Llama builds this model exactly: a plain Llama (no biases, default rotary, the usual
-    head size) in a precision it makes."""
+    """Whether export_llm's Llama definition builds this model exactly: a Llama, Qwen2 or Qwen3 with no biases of
+    its own choosing, default rotary, SiLU and every layer full attention, in a precision export_llm makes."""
     config = model.config
     rope = getattr(config, "rope_parameters", None) or {}
-    return (config.model_type == "llama" and precision in PRECISIONS and not config.attention_bias
-            and not config.mlp_bias and rope.get("rope_type", "default") == "default"
-            and config.head_dim == config.hidden_size // config.num_attention_heads
-            and config.hidden_act == "silu")
+    return (config.model_type in FAMILIES and precision in PRECISIONS
+            and not getattr(config, "attention_bias", False) and not getattr(config, "mlp_bias", False)
+            and rope.get("rope_type", "default") == "default" and config.hidden_act == "silu"
+            and set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"})
 
 
 def meta_name(path):
-    """A transformers Llama's weight (or module) path under Meta's names: `model.layers.0.self_attn.q_proj` ->
-    `layers.0.attention.wq`."""
-    index = next((part for part in path.split(".") if part.isdigit()), None)
-    pattern = path.replace(f".{index}.", ".{}.") if index else path
-    weight = HF_TO_META.get(pattern) or HF_TO_META[f"{pattern}.weight"].removesuffix(".weight")
-    return weight.format(index)
+    """A transformers weight (or module) path under Meta's names, by ExecuTorch's own Qwen3 converter's mapping (a
+    Llama's names are a subset of it): `model.layers.0.self_attn.q_proj` -> `layers.0.attention.wq`; a bias
+    under its weight's name (Qwen2's, as ExecuTorch's Qwen 2.5 converter maps them; that module needs torchtune,
+    not installed)."""
+    from executorch.examples.models.checkpoint import get_mapped_key
+    from executorch.examples.models.qwen3.convert_weights import _QWEN_3_FROM_META
+
+    stem, kind = path.rsplit(".", 1) if path.endswith((".weight", ".bias")) else (path, "")
+    mapped = get_mapped_key(f"{stem}.weight", {hf: meta for meta, hf in _QWEN_3_FROM_META.items()})
+    return mapped.removesuffix(".weight") + (f".{kind}" if kind else "")
 
 
 def meta_state(model):
-    """The transformers Llama's weights under Meta's names (a tied lm_head: the embedding's)."""
+    """The transformers model's weights under Meta's names (meta_name); a tied lm_head: the embedding's."""
     found = {meta_name(key): value for key, value in model.state_dict().items()}
     found.setdefault("output.weight", found["tok_embeddings.weight"])
     return found
 
 
 def params(config):
+    """export_llm's params.json (ModelArgs) for the configuration."""
     return {"dim": config.hidden_size, "n_layers": config.num_hidden_layers, "n_heads": config.num_attention_heads,
             "n_kv_heads": config.num_key_value_heads, "vocab_size": config.vocab_size,
+            "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
             "hidden_dim": config.intermediate_size, "norm_eps": config.rms_norm_eps,
-            "rope_theta": config.rope_parameters["rope_theta"], "use_hf_rope": True}
+            "rope_theta": config.rope_parameters["rope_theta"], "use_hf_rope": True,
+            **FAMILIES[config.model_type]}
 
 
 def program_bytes(model, precision, max_context, group_size, scratch, keep_float=()):

@@ -147,7 +147,8 @@ class Generator:
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels)
 
         self.program, self.method = load_method(data)
-        self.all_positions = export_llm.METADATA_METHOD not in self.program.method_names
+        self.method_names = self.program.method_names
+        self.all_positions = export_llm.METADATA_METHOD not in self.method_names
         self.checked = False
 
     def forward(self, tokens, position):

@@ -5,18 +5,24 @@ the peak RSS of the measuring process.
 Time to first token, per prompt length: the prefill of the prompt and the choice of its first token. Decode: the
 new tokens after it, one step each (greedy), as tokens per second. The prompts are fixed token ids (the timings
 do not depend on their values).
+
+The harness: an export_llm program of a byte-level model is timed by ExecuTorch's own LLM runner
+(worker/llm_runner.py: what an app runs, its prompt as text), and on an Android device too where
+benchmark.device selects one; any other artifact by its runtime's generator, a step at a time (worker/lm.py).
 """
 
 import json
 import statistics
+import tempfile
 import time
 import zlib
+from pathlib import Path
 
 import torch
 
 from mobilebuild import store
 from mobilebuild.plan import toolchain
-from mobilebuild.worker import measure_alone, progress, runtimes, timing
+from mobilebuild.worker import llm_runner, measure_alone, progress, runtimes, timing
 from mobilebuild.worker.stages import bench
 
 
@@ -30,32 +36,49 @@ def measure(spec):
         started = time.perf_counter()
         generator = runtimes.load_generator(spec["path"], config, eager=eager)
         load_ms = (time.perf_counter() - started) * 1e3
-        found = {}
         # the decode steps are many per run: fewer runs than the bench stage's single forwards give as many samples
         runs = max(1, settings["iters"] // max(config.new_tokens, 1))
-        for length in config.prompt_lengths:
-            prompt = torch.zeros(1, length, dtype=torch.long)
-            first_token, decode = [], []
-            for index in range(settings["warmup"] + runs):
-                started = time.perf_counter_ns()
-                token = int(generator.forward(prompt, 0)[0, -1].argmax())
-                prefilled = time.perf_counter_ns()
-                for step in range(config.new_tokens - 1):
-                    token = int(generator.forward(torch.tensor([[token]]), length + step)[0, -1].argmax())
-                ended = time.perf_counter_ns()
-                if index >= settings["warmup"]:
-                    first_token.append((prefilled - started) / 1e6)
-                    if config.new_tokens > 1:
-                        decode.append((ended - prefilled) / 1e6 / (config.new_tokens - 1))
-            found[str(length)] = {"ttft_ms": statistics.median(first_token),
-                                  "decode_ms_per_token": statistics.median(decode) if decode else None,
-                                  "runs": runs}
+        refused = runner_refusal(generator)
+        if refused:
+            harness, found = f"{config.runtime} generator", {
+                str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"], runs)
+                for length in config.prompt_lengths}
+        else:
+            harness = "ExecuTorch LLM runner (TextLLMRunner)"
+            found = llm_runner.time_on_host(spec["path"], spec["tokenizer"], config.prompt_lengths,
+                                            config.new_tokens, settings["warmup"], runs)
     per_token = [values["decode_ms_per_token"] for values in found.values() if values["decode_ms_per_token"]]
     decode_ms = statistics.median(per_token) if per_token else None
     return {"prompt_lengths": found, "decode_tokens_per_s": 1e3 / decode_ms if decode_ms else None,
             # the bench stage's median: one decode step, what an app waits for per token
             "median_ms": decode_ms, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(),
-            "threads": settings["threads"]}
+            "threads": settings["threads"], "harness": harness, "runner_refused": refused}
+
+
+def runner_refusal(generator):
+    """Why ExecuTorch's LLM runner does not time this artifact (None: it does): an ExecuTorch generator names its
+    program's methods, no other does."""
+    vocab = generator.forward(torch.zeros(1, 1, dtype=torch.long), 0).shape[-1]
+    return llm_runner.refusal(getattr(generator, "method_names", ()), vocab)
+
+
+def generator_timings(generator, length, new_tokens, warmup, runs):
+    """{ttft_ms, decode_ms_per_token, runs}: medians of `runs` greedy generations after `warmup`."""
+    prompt = torch.zeros(1, length, dtype=torch.long)
+    first_token, decode = [], []
+    for index in range(warmup + runs):
+        started = time.perf_counter_ns()
+        token = int(generator.forward(prompt, 0)[0, -1].argmax())
+        prefilled = time.perf_counter_ns()
+        for step in range(new_tokens - 1):
+            token = int(generator.forward(torch.tensor([[token]]), length + step)[0, -1].argmax())
+        ended = time.perf_counter_ns()
+        if index >= warmup:
+            first_token.append((prefilled - started) / 1e6)
+            if new_tokens > 1:
+                decode.append((ended - prefilled) / 1e6 / (new_tokens - 1))
+    return {"ttft_ms": statistics.median(first_token),
+            "decode_ms_per_token": statistics.median(decode) if decode else None, "runs": runs}
 
 
 def run(inputs, config, output):
@@ -65,8 +88,13 @@ def run(inputs, config, output):
     result = {"runtime": config.runtime, **config.timing, "artifact_bytes": len(data),
               "artifact_compressed_bytes": len(zlib.compress(data, 6)),
               "artifact_sha256": store.sha256_file(artifact), "generation": True, "new_tokens": config.new_tokens,
-              "host": bench.host(), "toolchain": toolchain.versions(), "status": "ran",
-              **bench.time_in_subprocess({"config": config, "path": str(artifact), "label": label}, measure)}
+              "host": bench.host(), "toolchain": toolchain.versions(), "status": "ran"}
+    with tempfile.TemporaryDirectory(dir=Path(output).parent) as scratch:
+        tokenizer = llm_runner.byte_tokenizer(Path(scratch) / "tokenizer.json")
+        result.update(bench.time_in_subprocess({"config": config, "path": str(artifact), "label": label,
+                                                "tokenizer": str(tokenizer)}, measure))
+        if config.device:
+            result["device"] = on_device(artifact, tokenizer, config, result["runner_refused"])
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True)
     ttft = ", ".join(f"{length} tokens {values['ttft_ms']:.2f} ms" for length, values in
@@ -74,4 +102,22 @@ def run(inputs, config, output):
     tokens_per_s = result["decode_tokens_per_s"]
     print(f"   time to first token: {ttft}; decode "
           f"{'n/a' if tokens_per_s is None else f'{tokens_per_s:.1f}'} tokens/s; peak RSS "
-          f"{result['peak_rss_mb']:.0f} MB")
+          f"{result['peak_rss_mb']:.0f} MB ({result['harness']})")
+    if "device" in result:
+        print(f"   device: {device_line(result['device'])}")
+
+
+def on_device(artifact, tokenizer, config, refused):
+    """ExecuTorch's LLM runner on the selected device, where it times the artifact on the host too."""
+    if refused:
+        return {"status": "skipped", "reason": refused}
+    return llm_runner.time_on_device(artifact, tokenizer, serial=config.device["serial"],
+                                     prompt_lengths=config.prompt_lengths, new_tokens=config.new_tokens,
+                                     binary=config.device["binary"])
+
+
+def device_line(found):
+    if found["status"] != "ran":
+        return f"not measured on a device ({found['status']}: {found['reason']})"
+    return "; ".join(f"prompt {length}: TTFT {values['ttft_ms']} ms, decode {values['decode_ms_per_token']} ms/token"
+                     for length, values in found["prompt_lengths"].items()) + f" on {found['serial']}"

@@ -1,7 +1,7 @@
 """lm_lower: a causal LM with its static KV cache as an ExecuTorch program lowered to XNNPACK (.pte).
 
-A plain Llama in fp32 or 8da4w goes through ExecuTorch's own export_llm (worker/export_llm.py: its custom SDPA with
-KV cache, about 3x the decode speed on the bundled model). Any other model, or 8da8w: transformers' own
+A Llama, Qwen2 or Qwen3 in fp32 or 8da4w goes through ExecuTorch's own export_llm (worker/export_llm.py: its
+custom SDPA with KV cache, about 3x the decode speed on the bundled model). Any other model, or 8da8w: transformers' own
 static-cache wrapper (`TorchExportableModuleWithStaticCache`: forward(input_ids, cache_position) -> logits, the
 cache held as the program's mutable buffers), exported with the prompt's length dynamic; 8da4w and 8da8w quantize
 the linear layers first with ExecuTorch's own torchao transform (extension.llm.export.quantize). The program is run

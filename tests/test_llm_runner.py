@@ -1,0 +1,112 @@
+"""ExecuTorch's LLM runner as the timing harness (worker/llm_runner.py): the byte-level tokenizer, llama_main's
+statistics line, the adb flow against the fake `adb` of test_device (this machine has neither adb nor a device), and
+(slow) the runner's Python binding on a real export_llm program, its greedy tokens as the generator's."""
+
+import pytest
+import torch
+from test_device import SERIAL, FakeAdb
+
+from mobilebuild.worker import llm_runner
+
+LLAMA_MAIN = "/data/local/tmp/llama_main"
+# llama_main's statistics line, as the runner printed it for the tiny byte-level Llama of the slow test below
+OBSERVER = ('PyTorchObserver {"prefill_token_per_sec":64000,"prompt_tokens":64,"generated_tokens":15,'
+            '"model_load_start_ms":1795725853893,"model_load_end_ms":1795725853894,'
+            '"inference_start_ms":1795725853973,"inference_end_ms":1795725853988,"prompt_eval_end_ms":1795725853974,'
+            '"first_token_ms":1795725853976,"aggregate_sampling_time_ms":0,"SCALING_FACTOR_UNITS_PER_SECOND":1000}')
+
+
+def test_the_byte_tokenizer_gives_each_byte_its_own_id(tmp_path):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(llm_runner.byte_tokenizer(tmp_path / "tokenizer.json")))
+    text = "def f(x):\n    return x  # é, ü\t"
+    assert tokenizer.encode(text).ids == list(text.encode())
+    assert len(tokenizer.encode(llm_runner.prompt_text(64)).ids) == 64
+
+
+def test_the_runner_times_only_export_llms_programs_of_a_byte_vocabulary():
+    assert llm_runner.refusal(["forward", "get_max_seq_len"], 256) is None
+    assert "export_llm's programs" in llm_runner.refusal(["forward"], 256)
+    assert "this model has 64" in llm_runner.refusal(["forward", "get_max_seq_len"], 64)
+
+
+def test_parses_llama_mains_statistics_line():
+    found = llm_runner.parse_observer(f"Once upon a time\n{OBSERVER}\n")
+    assert found == {"ttft_ms": 3, "decode_ms_per_token": 12 / 14, "generated": 15, "prompt_tokens": 64}
+    with pytest.raises(ValueError, match="no 'PyTorchObserver"):
+        llm_runner.parse_observer("Segmentation fault\n")
+
+
+@pytest.fixture
+def adb(tmp_path, monkeypatch):
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    monkeypatch.setenv("PATH", str(directory))
+    fake = FakeAdb(directory)
+    fake.reply("ls", f"{LLAMA_MAIN}\n")
+    fake.reply("benchmark", OBSERVER + "\n")
+    return fake
+
+
+@pytest.fixture
+def files(tmp_path):
+    program, tokenizer = tmp_path / "lm-xnnpack-executorch.pte", tmp_path / "tokenizer.json"
+    program.write_bytes(b"not really a program")
+    tokenizer.write_text("{}")
+    return program, tokenizer
+
+
+def test_on_a_device_it_pushes_the_program_and_tokenizer_and_runs_llama_main_per_prompt_length(adb, files):
+    found = llm_runner.time_on_device(*files, serial=SERIAL, prompt_lengths=[16, 64], new_tokens=8)
+    assert found["status"] == "ran" and set(found["prompt_lengths"]) == {"16", "64"}
+    assert found["prompt_lengths"]["64"]["ttft_ms"] == 3
+    calls = adb.calls
+    assert calls[:2] == [["devices"], ["-s", SERIAL, "shell", "ls", LLAMA_MAIN]]
+    assert [call[2:4] for call in calls[2:4]] == [["push", str(files[0])], ["push", str(files[1])]]
+    run = calls[4]
+    assert run[3:6] == [LLAMA_MAIN, "--model_path=/data/local/tmp/lm-xnnpack-executorch.pte",
+                        "--tokenizer_path=/data/local/tmp/tokenizer.json"]
+    assert run[6] == f"'--prompt={llm_runner.prompt_text(16)}'"  # quoted for the device's shell
+    assert run[7:] == ["--seq_len=24", "--temperature=0"]
+
+
+def test_without_a_device_or_its_runner_it_says_why_in_one_line(adb, files):
+    found = llm_runner.time_on_device(*files, serial=None, prompt_lengths=[16], new_tokens=8)
+    assert found["status"] == "skipped" and "no device selected" in found["reason"]
+    adb.reply("ls", f"ls: {LLAMA_MAIN}: No such file or directory\n", exit=1)
+    found = llm_runner.time_on_device(*files, serial=SERIAL, prompt_lengths=[16], new_tokens=8)
+    assert found["status"] == "skipped" and found["reason"].startswith(f"{LLAMA_MAIN} not found on device {SERIAL}")
+    assert "llama_main" in found["reason"] and "\n" not in found["reason"]
+
+
+def test_output_without_the_statistics_line_fails(adb, files):
+    adb.reply("benchmark", "E 00:00:00 method.cpp:819] Missing operator: llama::custom_sdpa.out\n")
+    found = llm_runner.time_on_device(*files, serial=SERIAL, prompt_lengths=[16], new_tokens=8)
+    assert found["status"] == "failed" and "Missing operator" in found["reason"]
+
+
+@pytest.mark.slow
+def test_the_runner_on_the_host_generates_the_generators_greedy_tokens(tmp_path):
+    """A tiny byte-level Llama through export_llm: ExecuTorch's runner (text in, the byte tokenizer) and the build's
+    generator (token ids in) continue each prompt with the same tokens; the runner's timings are positive."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from mobilebuild.worker import export_llm, lm
+    from mobilebuild.worker.executorch_setup import ensure_flatc
+    from mobilebuild.worker.runtimes import executorch as et_runtime
+
+    ensure_flatc()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128)).eval()
+    program = tmp_path / "lm.pte"
+    program.write_bytes(export_llm.program_bytes(model, "fp32", 96, 32, str(tmp_path)))
+    found = llm_runner.time_on_host(program, llm_runner.byte_tokenizer(tmp_path / "tokenizer.json"), [16, 64],
+                                    new_tokens=8, warmup=1, runs=2)
+    generator = et_runtime.Generator(program.read_bytes())
+    for length in (16, 64):
+        prompt = torch.tensor([list(llm_runner.prompt_text(length).encode())])
+        assert found[str(length)]["tokens"] == lm.greedy(generator, prompt, 8)[1]
+        assert found[str(length)]["ttft_ms"] > 0 and found[str(length)]["decode_ms_per_token"] > 0
