@@ -18,14 +18,16 @@ def nodes_for(root, data):
 
 
 def test_a_targets_own_quantization_never_takes_the_engines_shared_node(tmp_path):
-    """qnnpack with its own quantize settings beside NNAPI on the recipe's: both named after the engine, one used to
-    replace the other, and the qnnpack target was scripted from NNAPI's stored state."""
+    """qnnpack with its own quantize settings beside NNAPI on the recipe's: once both named after the engine, one
+    used to replace the other, and the qnnpack target was scripted from NNAPI's stored state. NNAPI's node is its
+    own too: its converter takes per-tensor weights only, where FX graph mode's default is per channel."""
     nodes = nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "qnnpack", "quantize": {"observer": "minmax"}},
                                                      {"backend": "nnapi", "nnapi": {"mode": "full"}}]))
-    own, shared = nodes["quantize:tiny-qnnpack-own"], nodes["quantize:tiny-qnnpack"]
-    assert own.config["observer"] == "minmax" and "observer" not in shared.config
-    assert nodes["script:tiny-qnnpack"].inputs["quantized"] == own.output != shared.output
-    assert nodes["nnapi:tiny-nnapi"].inputs["quantized"] == shared.output
+    own, nnapi = nodes["quantize:tiny-qnnpack-own"], nodes["quantize:tiny-nnapi"]
+    assert own.config["observer"] == "minmax" and "observer" not in nnapi.config
+    assert own.config["weights"] is None and nnapi.config["weights"] == "per_tensor"
+    assert nodes["script:tiny-qnnpack"].inputs["quantized"] == own.output != nnapi.output
+    assert nodes["nnapi:tiny-nnapi"].inputs["quantized"] == nnapi.output
 
 
 def test_two_different_nodes_under_one_name_are_a_bug_not_a_merge(tmp_path):
@@ -141,9 +143,9 @@ def test_each_route_takes_its_own_chain(tmp_path):
     assert nodes["lower:tiny-et-int8"].config["calibration"]["source"] == "random"
     assert nodes["lower:tiny-metal-executorch"].config["delegate"] == "coreml"
     assert nodes["export:tiny-onnx"].output == "artifacts/tiny/tiny-onnx.onnx"
-    # NNAPI's quantized modes start from the eager quantization of the QNNPACK engine, shared with a qnnpack target
+    # NNAPI's quantized modes start from the eager quantization of the QNNPACK engine, with per-tensor weights
     assert nodes["nnapi:tiny-nnapi"].inputs == {"model": "artifacts/tiny/fused.pt",
-                                                "quantized": "artifacts/tiny/quantized-qnnpack.pt"}
+                                                "quantized": "artifacts/tiny/quantized-nnapi.pt"}
     assert nodes["optimize:tiny-vulkan"].config["backend"] == "vulkan"
     assert not nodes["verify:tiny-vulkan"].config["runs_on_host"]
     assert nodes["verify:tiny-et-int8"].config["runtime"] == "executorch"
@@ -254,7 +256,7 @@ def test_a_setting_is_named_by_its_recipe_field_where_the_target_has_its_own(tmp
     """What `doit info` says changed: the recipe's field, the target's own section where it has one."""
     nodes = nodes_for(tmp_path, tiny_recipe(targets=[{"backend": "qnnpack", "quantize": {"observer": "minmax"}},
                                                      {"backend": "nnapi", "nnapi": {"mode": "full"}}]))
-    own, shared = nodes["quantize:tiny-qnnpack-own"], nodes["quantize:tiny-qnnpack"]
+    own, shared = nodes["quantize:tiny-qnnpack-own"], nodes["quantize:tiny-nnapi"]
     assert stages.recipe_field("quantize", "observer", own.fields) == "targets[0].quantize.observer"
     assert stages.recipe_field("quantize", "calibration.batches", shared.fields) == "quantize.calibration.batches"
     assert stages.recipe_field("nnapi", "mode", nodes["nnapi:tiny-nnapi"].fields) == "targets[1].nnapi.mode"

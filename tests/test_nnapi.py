@@ -18,7 +18,7 @@ from mobilebuild.worker.runtimes import nnapi as runtime
 from mobilebuild.worker.stages import calibration, fuse, modeling, nnapi, quantize
 
 INPUTS = [{"name": "input", "shape": [1, 3, 12, 12], "dtype": "float32", "memory_format": "contiguous"}]
-STATIC = {"mode": "static", "weights": None}
+STATIC = {"mode": "static", "weights": "per_tensor"}  # as the plan gives NNAPI (routes.nnapi)
 
 
 class TinyMobile(nn.Module):
@@ -234,7 +234,8 @@ def two_inputs(tmp_path_factory):
     fused = fuse.fuse(image_and_side(), "auto")[0]
     stored_fused(fused, folder / "fused.pt")
     batches = lambda: calibration.batches({"source": "random", "seed": 0, "batches": 16}, TWO)  # noqa: E731
-    quantized, note = quantize.static_any(copy.deepcopy(fused), "qnnpack", batches, None, "quantize.calibration", TWO)
+    quantized, note = quantize.static_any(copy.deepcopy(fused), "qnnpack", batches, "per_tensor",
+                                          "quantize.calibration", TWO)
     assert "FX graph mode" in note
     modeling.save({quantize.GRAPH_MODE: "fx", "state_dict": quantized.state_dict()}, folder / "quantized.pt")
     return folder, fused, quantized
@@ -396,7 +397,8 @@ def test_core_mode_dequantizes_each_output_and_converts_what_stayed_float(tmp_pa
     torch.manual_seed(0)
     model = TwoOutputs().eval()
     batches = lambda: (modeling.example_inputs(TWO, seed=seed) for seed in range(16))  # noqa: E731
-    quantized, _ = quantize.static_any(copy.deepcopy(model), "qnnpack", batches, None, "quantize.calibration", TWO)
+    quantized, _ = quantize.static_any(copy.deepcopy(model), "qnnpack", batches, "per_tensor", "quantize.calibration",
+                                        TWO)
     quantizers, core, dequantized = nnapi.split_inputs(copy.deepcopy(quantized), TWO)
     assert dequantized == [True, True]
     inputs = modeling.example_inputs(TWO, seed=7, batch=8)
@@ -429,7 +431,8 @@ class Residual(nn.Module):
 def test_a_one_input_model_quantized_in_fx_graph_mode_converts_through_its_input_quantizer(tmp_path):
     torch.manual_seed(0)
     batches = lambda: (modeling.example_inputs(INPUTS, seed=seed) for seed in range(8))  # noqa: E731
-    quantized, note = quantize.static_any(Residual().eval(), "qnnpack", batches, None, "quantize.calibration", INPUTS)
+    quantized, note = quantize.static_any(Residual().eval(), "qnnpack", batches, "per_tensor", "quantize.calibration",
+                                           INPUTS)
     assert "FX graph mode" in note
     path = tmp_path / "full.ptl"
     path.write_bytes(nnapi.build_any(quantized, "full", INPUTS)._save_to_buffer_for_lite_interpreter())

@@ -132,10 +132,15 @@ class Chain:
         """How an int8 model was quantized, for the stages that rebuild it and for the manifest."""
         if self.precision != "int8":
             return None
-        found = Quantization(mode=self.target.quantize["mode"], weights=self.target.quantize.get("weights"))
+        found = Quantization(mode=self.target.quantize["mode"], weights=self.weights)
         if self.excluded:  # only where set: other recipes keep their keys
             found["exclude"] = self.excluded
         return found
+
+    @property
+    def weights(self):
+        """quantize.weights, or where the recipe leaves it open the granularity the route's runtime needs."""
+        return self.target.quantize.get("weights") or (self.route.int8.weights if self.route.int8 else None)
 
     @property
     def excluded(self):
@@ -326,11 +331,14 @@ def quantize(chain):
         files = chain.calibration_files(settings)
     elif settings["mode"] == "qat":
         inputs["trained"] = settings["checkpoint"]
-    name = f"{recipe.name}-{chain.target.id}" if chain.own_quantization else f"{recipe.name}-{route.engine}"
-    if chain.own_quantization and chain.target.id == route.engine:  # not the engine's shared node (NNAPI's)
+    # the granularity the route's runtime needs, where the recipe leaves it open, makes a node of the target's own
+    weights = chain.weights
+    own = chain.own_quantization or weights != settings.get("weights")
+    name = f"{recipe.name}-{chain.target.id}" if own else f"{recipe.name}-{route.engine}"
+    if own and chain.target.id == route.engine:  # not the engine's shared node (NNAPI's)
         name += "-own"
     exclude, observer = chain.quantize_options()
-    config = stages.QuantizeConfig(engine=route.engine, mode=settings["mode"], weights=settings.get("weights"),
+    config = stages.QuantizeConfig(engine=route.engine, mode=settings["mode"], weights=weights,
                                    inputs=recipe.inputs, model=chain.source, fuse=recipe.fuse, calibration=calibration,
                                    exclude=exclude, observer=observer)
     return checked_node(recipe, "quantize", name, config, inputs,

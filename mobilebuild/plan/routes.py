@@ -30,6 +30,9 @@ class Int8:
     # dynamic (weights int8 ahead of time, activations quantized at run time; no calibration)
     modes: tuple = ("static",)
     fixed_shapes: str | None = None  # why its static int8 artifacts take the example's sizes only
+    # the weight granularity its artifacts must have where quantize.weights is unset (per_tensor, per_channel);
+    # None: the quantizer's own default
+    weights: str | None = None
 
 
 @dataclass(frozen=True)

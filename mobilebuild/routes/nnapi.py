@@ -73,7 +73,9 @@ register(Route(
     "Android NNAPI (accelerators) through torch.backends._nnapi, traced NHWC, lite interpreter",
     Runtime("nnapi", FAMILY, device_only="an Android 8.1+ device with NNAPI",
             fixed_shapes="the NNAPI converter takes the example's sizes", structure=structure),
-    int8=Int8("eager", engine="qnnpack", observers=TORCH_OBSERVERS), section=Section("nnapi", SCHEMA),
+    # torch.backends._nnapi converts per-tensor quantized weights only (FX graph mode's default is per channel)
+    int8=Int8("eager", engine="qnnpack", observers=TORCH_OBSERVERS, weights="per_tensor"),
+    section=Section("nnapi", SCHEMA),
     precision_of=precision, default=True,
     checks=Checks(preflight=preflight, outputs=outputs, device=device, layers=eager_layers,
                   layer_methods=LAYER_METHODS, input_dtypes=INPUT_DTYPES,
