@@ -54,12 +54,14 @@ def one_thread():
 def pytest_collection_finish(session):
     """Each library's one-time start-up in this process, paid once before the first test, so that `--durations`
     charges no test with it: ExecuTorch's (its imports, torch.export's first capture, the XNNPACK pattern graphs it
-    builds on its first lowering: about 7 s of CPU) and LiteRT's (litert-torch's imports and first conversion),
-    each only where a collected test module imports that route's stage."""
+    builds on its first lowering: about 7 s of CPU), LiteRT's (litert-torch's imports and first conversion) and ONNX
+    Runtime's (torch.onnx's exporter and its first export, a first quantization and session), each only where a
+    collected test module imports that route's stage."""
     import sys
     import tempfile
 
-    warm = {"mobilebuild.worker.stages.lower": _lower_once, "mobilebuild.worker.stages.litert": _convert_once}
+    warm = {"mobilebuild.worker.stages.lower": _lower_once, "mobilebuild.worker.stages.litert": _convert_once,
+            "mobilebuild.worker.stages.export": _export_once}
     wanted = [start for module, start in warm.items() if module in sys.modules]
     if wanted and session.items:
         with tempfile.TemporaryDirectory() as folder:
@@ -84,6 +86,18 @@ def _lower_once(folder):
 
     (folder / "warm.pte").write_bytes(lower.lower_to_bytes(_tiny_convnet(), [TINY_IMAGE], "xnnpack"))
     program = et_runtime.load(folder / "warm.pte", SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
+    program(*modeling.example_inputs([TINY_IMAGE]))
+
+
+def _export_once(folder):
+    from types import SimpleNamespace
+
+    from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
+    from mobilebuild.worker.stages import export, modeling
+
+    proto = export.export_float(_tiny_convnet(), [TINY_IMAGE])
+    (folder / "warm.onnx").write_bytes(proto.SerializeToString())
+    program = ort_runtime.load(folder / "warm.onnx", SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
     program(*modeling.example_inputs([TINY_IMAGE]))
 
 

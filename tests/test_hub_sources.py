@@ -152,7 +152,9 @@ def test_a_transformers_model_from_an_inline_config_with_outputs_named_by_its_ou
     assert names == ["last_hidden_state", "pooler_output"]
 
 
+@pytest.mark.slow
 def test_token_ids_range_defaults_to_the_model_types_vocabulary(tmp_path):
+    """Slow: the probe is a fresh Python importing torch and transformers (about 3 s on an idle machine)."""
     config = {key: value for key, value in BERT.items() if key != "vocab_size"}
     loaded = load(tmp_path, text_recipe(f"transformers: AutoModel\n          config: {json.dumps(config)}",
                                         inputs=("input_ids", "token_type_ids")))

@@ -336,10 +336,12 @@ def layers_and_whole(path, config, artifact, specs, batches=4):
     return errors.results()[0], detail, whole
 
 
+@pytest.mark.slow
 def test_layers_compare_a_convolution_before_its_in_place_activation(tmp_path):
     """The float model's output of a module is read before an in-place activation after it overwrites it: torchvision's
     Conv2d ahead of a Hardswish(inplace=True) read as the Hardswish's output gave about 0 dB on every such layer while
-    the whole model kept its SQNR. And the quantized output of a float-computed activation maps to its module."""
+    the whole model kept its SQNR. And the quantized output of a float-computed activation maps to its module. (Slow:
+    its int8 conversion alone takes about 2.8 s on an idle core.)"""
     torch.manual_seed(0)
     model = tiny_models.randomize_batchnorm(TorchvisionBlocks())
     path = tmp_path / "fused.pt"
