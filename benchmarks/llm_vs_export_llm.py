@@ -77,6 +77,8 @@ def main():
         print(f"export_llm {precision}: {len(data) / 1e6:.3f} MB, prefill logits SQNR against eager {sqnr:.1f} dB")
         path = out / f"{loaded.name}-{ours}.pte"
         mine = path.read_bytes()
+        print(f"mobilebuild {ours} and export_llm {precision}: "
+              + ("byte-identical programs" if mine == data else "different programs"))
         settings = generation.LMExportConfig(model=source, precision=precision, max_context=generate["max_context"],
                                              group_size=generate["group_size"])
         static = lm_lower.program_bytes(lm.causal_lm(source, out / "checkpoint.pt"), settings)
