@@ -55,7 +55,7 @@ def pytest_collection_finish(session):
     """Each library's one-time start-up in this process, paid once before the first test, so that `--durations`
     charges no test with it: ExecuTorch's (its imports, torch.export's first capture, the XNNPACK pattern graphs it
     builds on its first lowering: about 7 s of CPU), LiteRT's (litert-torch's imports and first conversion) and ONNX
-    Runtime's (torch.onnx's exporter and its first export, a first quantization and session), each only where a
+    Runtime's (torch.onnx's exporter, its first export and a first session), each only where a
     collected test module imports that route's stage."""
     import sys
     import tempfile
@@ -78,39 +78,39 @@ def _tiny_convnet():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
 
 
-def _lower_once(folder):
+def _run_once(folder, suffix, data, runtime):
+    """The artifact `data` written and run once by its runtime module (worker/runtimes)."""
     from types import SimpleNamespace
 
-    from mobilebuild.worker.runtimes import executorch as et_runtime
-    from mobilebuild.worker.stages import lower, modeling
+    from mobilebuild.worker.stages import modeling
 
-    (folder / "warm.pte").write_bytes(lower.lower_to_bytes(_tiny_convnet(), [TINY_IMAGE], "xnnpack"))
-    program = et_runtime.load(folder / "warm.pte", SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
+    path = folder / f"warm{suffix}"
+    path.write_bytes(data)
+    program = runtime.load(path, SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
     program(*modeling.example_inputs([TINY_IMAGE]))
+
+
+def _lower_once(folder):
+    from mobilebuild.worker.runtimes import executorch
+    from mobilebuild.worker.stages import lower
+
+    _run_once(folder, ".pte", lower.lower_to_bytes(_tiny_convnet(), [TINY_IMAGE], "xnnpack"), executorch)
 
 
 def _export_once(folder):
-    from types import SimpleNamespace
+    from mobilebuild.worker.runtimes import onnxruntime
+    from mobilebuild.worker.stages import export
 
-    from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
-    from mobilebuild.worker.stages import export, modeling
-
-    proto = export.export_float(_tiny_convnet(), [TINY_IMAGE])
-    (folder / "warm.onnx").write_bytes(proto.SerializeToString())
-    program = ort_runtime.load(folder / "warm.onnx", SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
-    program(*modeling.example_inputs([TINY_IMAGE]))
+    _run_once(folder, ".onnx", export.export_float(_tiny_convnet(), [TINY_IMAGE]).SerializeToString(), onnxruntime)
 
 
 def _convert_once(folder):
-    from types import SimpleNamespace
-
     from mobilebuild.worker.runtimes import litert as litert_runtime
-    from mobilebuild.worker.stages import litert, modeling
+    from mobilebuild.worker.stages import litert
 
     with litert.converting():
-        (folder / "warm.tflite").write_bytes(litert.convert(_tiny_convnet(), [TINY_IMAGE]))
-    program = litert_runtime.load(folder / "warm.tflite", SimpleNamespace(inputs=[TINY_IMAGE], timing={"threads": 1}))
-    program(*modeling.example_inputs([TINY_IMAGE]))
+        data = litert.convert(_tiny_convnet(), [TINY_IMAGE])
+    _run_once(folder, ".tflite", data, litert_runtime)
 
 
 # The token input of tiny_models' Transformers, as test_export, test_layers and test_layers_onnx declare it.

@@ -119,6 +119,10 @@ def test_a_graph_module_that_fails_on_the_engine_is_one_line_naming_the_model_so
                             INPUTS, source_field="model.timm")
     assert caught.value.field == "model.timm"
     assert "Traceback" not in capfd.readouterr().err
+    # the quantize stage names the recipe's own source field
+    assert [modeling.source_field(source) for source in ({"timm": "edgenext_xx_small"}, {"transformers": "AutoModel"},
+                                                          {"factory": "m:f"}, {"torchvision": "mobilenet_v2"})] == [
+        "model.timm", "model.transformers", "model.factory", "model.torchvision"]
 
 
 def test_what_stays_float_is_named():

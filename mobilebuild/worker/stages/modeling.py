@@ -107,6 +107,12 @@ def torchvision_builder(name, quantizable=False):
     return models.get_model_builder(registered), f"{where}.{name}"
 
 
+def source_field(source):
+    """The recipe field that gives the model `source`: what a failure of the model itself points at."""
+    return next((f"model.{kind}" for kind in ("timm", "transformers", "factory") if kind in source),
+                "model.torchvision")
+
+
 def build_model(source, seed, weights=True):
     """A freshly initialised model from the recipe's `model` source, seeded, in eval mode, taking the recipe's inputs
     (the source's "inputs": their names) by name where forward has parameters of those names (named_inputs).

@@ -275,9 +275,7 @@ def stored_state(quantized, engine, field):
 
 def run(inputs, config, output):
     engine, weights = config.engine, config.weights
-    # the recipe's model source, which the model's failures point at
-    source_field = next((f"model.{kind}" for kind in ("factory", "timm", "transformers") if kind in config.model),
-                        "model.torchvision")
+    source_field = modeling.source_field(config.model)
     note = None
     if config.mode != "qat":
         fused = fuse.load(inputs["model"], config)
