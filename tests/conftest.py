@@ -119,11 +119,9 @@ TOKENS = {"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], 
 TOKENS_AND_MASK = [{**TOKENS, "name": name, "range": [0, high]} for name, high in (("ids", 100), ("mask", 2))]
 
 
-@pytest.fixture(scope="session")
-def int8_onnx(tmp_path_factory):
-    """(factory, mode) -> an int8 ONNX export by the export stage, made once for the test files that read it (an
-    export takes a second or more, whatever the model's size): a namespace of its folder (fused.pt in it, as the fuse
-    stage stores the model), the settings that rebuild the model, the .onnx and what the stage printed.
+def _int8_onnx(tmp_path_factory, factory, mode):
+    """An int8 ONNX export of tiny_models' `factory` by the export stage: a namespace of its folder (fused.pt in it,
+    as the fuse stage stores the model), the settings that rebuild the model, the .onnx and what the stage printed.
     tiny_transformer takes TOKENS, tiny_encoder TOKENS_AND_MASK; static mode calibrates on 8 random batches."""
     import contextlib
     import io
@@ -135,25 +133,32 @@ def int8_onnx(tmp_path_factory):
     from mobilebuild.worker import reproducible
     from mobilebuild.worker.stages import export
 
-    made = {}
+    folder = tmp_path_factory.mktemp(f"{factory}-{mode}")
+    rebuild = tiny_models.stored_fused(getattr(tiny_models, factory)(), folder / "fused.pt", f"tiny_models:{factory}")
+    inputs = TOKENS_AND_MASK if factory == "tiny_encoder" else [TOKENS]
+    calibration = {"source": "random", "batches": 8, "seed": 0} if mode == "static" else None
+    config = ExportConfig(precision="int8", inputs=inputs, options={}, mode=mode, calibration=calibration, **rebuild)
+    printed = io.StringIO()
+    with reproducible.plain_attention(), contextlib.redirect_stdout(printed):  # as every stage runs
+        export.run({"model": folder / "fused.pt"}, config, folder / f"{mode}.onnx")
+    return SimpleNamespace(folder=folder, rebuild=rebuild, path=folder / f"{mode}.onnx", printed=printed.getvalue())
 
-    def exported(factory, mode):
-        if (factory, mode) not in made:
-            folder = tmp_path_factory.mktemp(f"{factory}-{mode}")
-            rebuild = tiny_models.stored_fused(getattr(tiny_models, factory)(), folder / "fused.pt",
-                                               f"tiny_models:{factory}")
-            inputs = TOKENS_AND_MASK if factory == "tiny_encoder" else [TOKENS]
-            calibration = {"source": "random", "batches": 8, "seed": 0} if mode == "static" else None
-            config = ExportConfig(precision="int8", inputs=inputs, options={}, mode=mode, calibration=calibration,
-                                  **rebuild)
-            printed = io.StringIO()
-            with reproducible.plain_attention(), contextlib.redirect_stdout(printed):  # as every stage runs
-                export.run({"model": folder / "fused.pt"}, config, folder / f"{mode}.onnx")
-            made[factory, mode] = SimpleNamespace(folder=folder, rebuild=rebuild, path=folder / f"{mode}.onnx",
-                                                  printed=printed.getvalue())
-        return made[factory, mode]
 
-    return exported
+# Int8 ONNX exports that several test files read, made once per test process (an export takes a second or more,
+# whatever the model's size) and in a fixture's setup, so that no test's own time pays for one.
+@pytest.fixture(scope="session")
+def transformer_static_onnx(tmp_path_factory):
+    return _int8_onnx(tmp_path_factory, "tiny_transformer", "static")
+
+
+@pytest.fixture(scope="session")
+def transformer_dynamic_onnx(tmp_path_factory):
+    return _int8_onnx(tmp_path_factory, "tiny_transformer", "dynamic")
+
+
+@pytest.fixture(scope="session")
+def encoder_static_onnx(tmp_path_factory):
+    return _int8_onnx(tmp_path_factory, "tiny_encoder", "static")
 
 
 # A tiny model with the layout that trips optimize_for_mobile on traced modules: Conv(bias=False) then BatchNorm.

@@ -288,10 +288,10 @@ def text_sqnr(model, path, length):
 
 
 @pytest.fixture(scope="module")
-def text_exports(int8_onnx):
+def text_exports(transformer_static_onnx, transformer_dynamic_onnx):
     """A tiny Transformer's int8 ONNX models: static (calibrated QDQ) and dynamic (conftest's, as export_text makes
     them)."""
-    static, dynamic = int8_onnx("tiny_transformer", "static"), int8_onnx("tiny_transformer", "dynamic")
+    static, dynamic = transformer_static_onnx, transformer_dynamic_onnx
     return tiny_models.tiny_transformer(), static.path, dynamic.path, dynamic.folder
 
 
@@ -354,7 +354,7 @@ def encoder_sqnr(model, path, length):
     return sqnr_db(reference, output), bool(torch.isnan(output).any())
 
 
-def test_static_int8_keeps_an_attention_masks_infinite_tensors_float(int8_onnx):
+def test_static_int8_keeps_an_attention_masks_infinite_tensors_float(encoder_static_onnx):
     """nn.TransformerEncoder's padding mask becomes an additive mask of 0 and -inf: quantize_static calibrated it
     and the masked scores to a scale of inf, so the shipped model's masked attention scores were all NaN
     (val_114_DequantizeLinear_Output) and attention added nothing: 11.1 / 11.4 / 10.2 dB at 4 / 16 / 32 tokens.
@@ -364,7 +364,7 @@ def test_static_int8_keeps_an_attention_masks_infinite_tensors_float(int8_onnx):
     model = tiny_models.tiny_encoder()
     # the stage's export of it (TOKENS_AND_MASK, CALIBRATION) under plain_attention, as every stage runs
     # (reproducible.stage_session), with what it printed: conftest's, shared with test_layers_onnx
-    exported = int8_onnx("tiny_encoder", "static")
+    exported = encoder_static_onnx
     output = exported.path
 
     said = [line for line in exported.printed.splitlines() if "kept float" in line]

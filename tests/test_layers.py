@@ -96,14 +96,14 @@ def test_a_layer_kept_float_by_quantize_exclude_is_no_longer_to_blame(tmp_path, 
 
 
 @pytest.mark.parametrize("route", ["pt2e", "onnx"])
-def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path, int8_onnx, route):
+def test_dynamic_int8_layers_are_compared_on_executorch_and_onnx(tmp_path, transformer_dynamic_onnx, route):
     """quantize.mode: dynamic: no calibration; ExecuTorch's graph is quantized again dynamically, and ONNX Runtime's
     integer units (DynamicQuantizeLinear, MatMulInteger, the rescaling after it) are cut out of the shipped model;
     each is named by its module, on a model with a dynamic dim. ONNX's also has its int8 embedding (tokens)."""
     tokens = [{"name": "ids", "shape": [1, 16], "dtype": "int64", "range": [0, 100], "memory_format": "contiguous",
                "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 32}]}]
     # the export stage's dynamic int8 of tiny_models.tiny_transformer on these tokens (conftest's, shared)
-    exported = int8_onnx("tiny_transformer", "dynamic")
+    exported = transformer_dynamic_onnx
     source = exported.rebuild
     model = {"model": str(exported.folder / "fused.pt")}
     linears = {"qkv", "proj", "mlp.0", "mlp.2", "head"}

@@ -57,7 +57,7 @@ def test_dynamic_int8_of_an_lstm_exported_by_torchscript_is_compared_per_module(
     assert all(30 < row["sqnr_db"] < 60 for row in result["layers"]), result["layers"]
 
 
-def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path, int8_onnx):
+def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path, transformer_static_onnx):
     """positions[:, :seq] has no shape that inference can declare at a dynamic seq: the comparison read the float
     model's tensors flattened and could not shape them back ("Invalid rank for input: slice_1")."""
     from mobilebuild.worker import reproducible
@@ -65,7 +65,7 @@ def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path, int8_onnx):
     tokens = [dict(TOKENS_AND_MASK[0])]
     # the export stage's static int8 of tiny_models.tiny_transformer on these tokens, calibrated on CALIBRATION
     # (conftest's, shared)
-    exported = int8_onnx("tiny_transformer", "static")
+    exported = transformer_static_onnx
     source = exported.rebuild
     with reproducible.plain_attention():
         config = stages.LayersConfig(method=method("onnx"), precision="int8", inputs=tokens, samples=4, seed=0, top=40,
@@ -79,7 +79,7 @@ def test_onnx_static_int8_with_a_dynamic_dim_is_ranked(tmp_path, int8_onnx):
 
 
 def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention_and_logs_no_errors(tmp_path, caplog,
-                                                                                             int8_onnx):
+                                                                                             encoder_static_onnx):
     """Two inputs, a dynamic seq, nn.TransformerEncoder. quantize_static calibrated the additive attention mask (0 and
     -inf) to an infinite scale, and the int8 attention's masked scores were all NaN: the export now keeps those nodes
     float, and the comparison feeds a node the float model's value of an input left float (the mask), so the
@@ -92,7 +92,7 @@ def test_onnx_static_int8_of_a_transformer_encoder_ranks_its_attention_and_logs_
 
     # the export stage's static int8 of tiny_models.tiny_encoder on TOKENS_AND_MASK, calibrated on CALIBRATION
     # (conftest's, shared with test_export)
-    exported = int8_onnx("tiny_encoder", "static")
+    exported = encoder_static_onnx
     source = exported.rebuild
     with reproducible.plain_attention():
         config = stages.LayersConfig(method=method("onnx"), precision="int8", inputs=TOKENS_AND_MASK, samples=4, seed=0,
