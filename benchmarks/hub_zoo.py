@@ -164,11 +164,13 @@ def build(root, name, quick, env, columns=tuple(zoo.TARGETS)):
 
 def merged(rows):
     """[(name, about, {column: cell}, [(columns, seconds, log, trained) per build])] in HUB's order: a model's rows
-    from several runs (--columns) as one."""
+    from several runs (--columns) as one; a later build of all an earlier build's columns replaces it (a rebuilt
+    row)."""
     found = {}
     for name, about, cells, seconds, log, trained in rows:
         row = found.setdefault(name, (name, about, {}, []))
         row[2].update(cells)
+        row[3][:] = [build for build in row[3] if not set(build[0]) <= set(cells)]
         row[3].append((list(cells), seconds, log, trained))
     return [found[name] for name in HUB if name in found]
 
@@ -240,10 +242,16 @@ def main():
     args, names = zoo.arguments(__doc__, HUB, columns={
         "help": "comma-separated columns to build: " + ", ".join(zoo.TARGETS)}, minutes={
         "type": float, "help": "start no model after this many minutes (the page says it is partial)"}, table={
-        "action": "store_true", "help": "write the page from the rows a --keep folder holds, building nothing"})
-    if args.table:  # the page again from a kept run's rows (its wording changed, not its numbers)
+        "action": "store_true", "help": "write the page from the rows a --keep folder holds, building nothing"}, merge={
+        "help": "with --table: comma-separated rows.json files of other runs whose rows are added after the kept "
+                "ones (a model's rebuilt columns replace its earlier build's)"})
+    if args.table:  # the page again from kept runs' rows (its wording changed, not its numbers)
         kept = json.loads((args.keep / "rows.json").read_text())
-        write_docs(markdown(kept["rows"], args.quick, kept["seconds"], kept.get("note")))
+        rows = kept["rows"] + [row for path in (args.merge.split(",") if args.merge else [])
+                               for row in json.loads(Path(path).read_text())["rows"]]
+        # the rows' own builds' wall times: runs that were stopped, or builds a rebuild replaced, do not count
+        total = sum(build[1] for row in merged(rows) for build in row[3]) if args.merge else kept["seconds"]
+        write_docs(markdown(rows, args.quick, total, kept.get("note")))
         return
     columns = args.columns.split(",") if args.columns else list(zoo.TARGETS)
     unknown = [column for column in columns if column not in zoo.TARGETS]
