@@ -104,6 +104,49 @@ def test_xnnpack_fp32_runs_on_host_and_matches_eager(tmp_path):
     assert summary["delegates"] == {"XnnpackBackend": 1} and summary["fallback_calls"] == 0
 
 
+
+class TalkingHeads(nn.Module):
+    """A 1x1 convolution, then softmax over the last dim: the pattern of timm's EfficientFormerV2 attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        return self.mix(x * 4).softmax(dim=-1)
+
+
+class TimmAttention(nn.Module):
+    """timm's EfficientFormerV2 attention block on 32 channels at 4x4 (fixed arguments: the stages rebuild it)."""
+
+    def __init__(self):
+        super().__init__()
+        from timm.models.efficientformer_v2 import Attention2d
+
+        self.attention = Attention2d(dim=32, key_dim=8, num_heads=4, attn_ratio=2, resolution=4)
+
+    def forward(self, x):
+        return self.attention(x)
+
+
+def test_softmax_after_a_convolution_normalises_the_last_dim_not_the_channels(tmp_path):
+    """ExecuTorch's XNNPACK delegate keeps a convolution's output NHWC through softmax unless told otherwise
+    (executorch_setup.softmax_in_nchw): then its rows did not sum to 1, 2.5 dB."""
+    reference, output, _, _ = eager_and_program(tmp_path, TalkingHeads().eval(), NCHW)
+    assert torch.allclose(output.sum(-1), torch.ones(1, 3, 16), atol=1e-5)
+    assert sqnr_db(reference, output) > 60
+
+
+@pytest.mark.slow  # timm imported, a larger lowering
+def test_timm_efficientformer_v2_attention_keeps_fp32_precision_on_xnnpack(tmp_path):
+    """Its talking heads (a 1x1 convolution before softmax) hit the layout bug above once attention is sharp, as
+    after training: the hub zoo's trained EfficientFormerV2-S0 was at 32.8 dB on ExecuTorch fp32."""
+    model = TimmAttention()
+    for projection in (model.attention.q, model.attention.k):
+        nn.init.normal_(projection.conv.weight)  # sharp attention, as a trained model's
+    reference, output, _, _ = eager_and_program(tmp_path, fused(model), {**NCHW, "shape": [1, 32, 4, 4]})
+    assert sqnr_db(reference, output) > 60
+
 RUN_IN_A_FRESH_PROCESS = textwrap.dedent("""
     import os, sys, torch
     from types import SimpleNamespace

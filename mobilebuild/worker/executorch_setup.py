@@ -7,7 +7,15 @@ The ExecuTorch 1.3.1 wheel ships `flatc` (the FlatBuffers compiler its serialize
 it is the FlatBuffers version the serializer was built against, so the bytes of a .pte do not depend on what else
 is installed. A FLATC_EXECUTABLE the user set is left alone.
 
-No torch or executorch import here: finding the file costs nothing, so any entry point can call this early.
+ExecuTorch's XNNPACK delegate (1.3.1, and upstream's channels_last_tagged_reshape_pass.py as of 2026-11) runs a
+convolution's output in NHWC inside the delegate and passes that layout on through the ops it does not list as
+layout-sensitive, softmax among them; XNNPACK's softmax then normalises over the physical last dim, the channels,
+instead of the width. A 1x1 convolution then softmax(-1) (the talking-heads attention of timm's EfficientFormerV2)
+comes out at 2.5 dB; the trained EfficientFormerV2-S0 of the hub zoo at 32.8 dB on fp32.
+`softmax_in_nchw` lists softmax with the ops that need NCHW, so the pass transposes its input back first.
+
+No torch or executorch import at this module's top: finding the file costs nothing, so any entry point can call
+`ensure_flatc` early.
 """
 
 import contextlib
@@ -50,3 +58,12 @@ def ensure_flatc():
             flatc.chmod(flatc.stat().st_mode | 0o111)
     os.environ[FLATC_VARIABLE] = str(flatc)
     return str(flatc)
+
+
+def softmax_in_nchw():
+    """Make ExecuTorch's XNNPACK channels-last pass give softmax its input in NCHW (see above); before any lowering to
+    XNNPACK in the process. Idempotent."""
+    from executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass import ChannelsLastTaggedReshapePass
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    ChannelsLastTaggedReshapePass.memory_sensitive_ops_nchw.add(exir_ops.edge.aten._softmax.default)

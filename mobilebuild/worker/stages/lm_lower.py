@@ -14,7 +14,7 @@ import tempfile
 import torch
 
 from mobilebuild.worker import export_llm, lm, quiet
-from mobilebuild.worker.executorch_setup import ensure_flatc
+from mobilebuild.worker.executorch_setup import ensure_flatc, softmax_in_nchw
 from mobilebuild.worker.runtimes import executorch as et_runtime
 
 
@@ -36,6 +36,7 @@ def program_bytes(model, config, keep_float=()):
 
 def run(inputs, config, output):
     ensure_flatc()
+    softmax_in_nchw()
     model = lm.causal_lm(config.model, inputs["checkpoint"])
     keep_float = lm.kept_float(model, config.exclude, config.precision)
     if export_llm.fits(model, config.precision):

@@ -45,7 +45,7 @@ import torch
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import outputs, progress, pte
 from mobilebuild.worker.coreml import reproducible_coreml
-from mobilebuild.worker.executorch_setup import ensure_flatc
+from mobilebuild.worker.executorch_setup import ensure_flatc, softmax_in_nchw
 from mobilebuild.worker.quiet import quiet
 from mobilebuild.worker.runtimes import executorch as et_runtime
 from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
@@ -268,6 +268,7 @@ def lower_to_bytes(model, specs, delegate, precision="fp32", options=None, sampl
     dependency is missing."""
     check_options(delegate, precision, options, weights, mode)
     ensure_flatc()
+    softmax_in_nchw()
     samples = samples or [in_layout(modeling.example_inputs(specs))]
     # static int8: the export recipe's quantize stage captures the graph at the example's sizes, which then stay fixed
     # (plan.routes.ET_INT8_FIXED); asked to keep them dynamic, torch.export finds them pinned. Dynamic int8 keeps
