@@ -135,6 +135,17 @@ MEANINGS = [
      "it (torch.histc has no int64 kernel) [torch.export of timm's edgenext_xx_small, prepare_pt2e with litert-torch's "
      "PT2EQuantizer (symmetric, per channel) and one calibration call raise the same NotImplementedError at the same "
      "observer, activation_post_process_58, on an int64 _tensor_constant feeding aten.mul]"),
+    ("op operands don't have broadcast-compatible shapes",
+     "litert-torch: its MLIR converter makes a tfl.mul of incompatible shapes from timm's MobileViTv2 linear attention "
+     "(LinearSelfAttention: relu(value) * context_vector.expand_as(value), between 1x1 convolutions) [litert_torch."
+     "convert of timm's LinearSelfAttention(embed_dim=64) alone raises the same ValueError on 1x64x4x16 and 1x64x4x4 "
+     "inputs (1x64x4x1 converts), and of the whole mobilevitv2_050, random weights, at 64x64 and 128x128]"),
+    ("Output shape must be broadcastable from input shape",
+     "litert-torch: its int8 conversion of timm's MobileViTv2 linear attention goes through, but makes a BROADCAST_TO "
+     "that LiteRT's interpreter refuses to prepare [timm's LinearSelfAttention(embed_dim=64) alone on 1x64x4x16, and "
+     "the whole mobilevitv2_050 (random weights, 64x64 and 128x128): torch.export, prepare_pt2e with litert-torch's "
+     "PT2EQuantizer (symmetric, per channel), one calibration call, convert_pt2e, litert_torch.convert with that "
+     "quantizer and Interpreter.allocate_tensors raise the same RuntimeError]"),
 ]
 
 

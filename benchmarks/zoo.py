@@ -212,8 +212,12 @@ def results(project, recipe_names, lines):
         if "PythonAction Error" in (target.get("reason") or "") and ":".join(task) in crashes:
             target["reason"] += f" (the traceback ends: {crashes[':'.join(task)]})"
     errors = [line.removeprefix("ERROR: ") for line in lines if line.startswith("ERROR:")]
-    missing = f"not built: {errors[0] if errors else (lines[-1] if lines else 'no output')}"
-    return {column: cell(*found[column]) if column in found else ("refused", missing) for column in TARGETS}
+
+    def missing(column):  # the error of one of the target's own tasks ("litert:model-litert-int8: ..."), else the first
+        own = [error for error in errors if error.split(": ", 1)[0].endswith(f"-{column}")]
+        return "refused", f"not built: {(own or errors or lines[-1:] or ['no output'])[0]}"
+
+    return {column: cell(*found[column]) if column in found else missing(column) for column in TARGETS}
 
 
 def crash_lines(lines):
