@@ -9,10 +9,11 @@ synthetic task (benchmarks/zoo/hub_models.py), the speech encoder on tones, so t
 artifact. CPU-heavy: run it niced.
 
     nice -n 15 .venv/bin/python benchmarks/hub_zoo.py [--only NAME[,NAME]] [--columns COLUMN[,COLUMN]] [--quick]
-        [--keep DIR] [--no-docs] [--minutes M] [--table]
+        [--keep DIR] [--no-docs] [--minutes M] [--table [--merge ROWS_JSON[,ROWS_JSON]]]
 
 --columns builds some of the targets only (e.g. columns added to zoo.TARGETS after a kept run); a model's rows from
-several runs are shown as one row, with each build's time.
+several runs are shown as one row, with each build's time. --table --merge writes the page from the kept folder's
+rows.json (its "note" says how the rows were gathered) and other runs' rows.json files after it.
 """
 
 import datetime
