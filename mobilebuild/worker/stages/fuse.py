@@ -7,6 +7,7 @@ BatchNorm2d subclass that also applies its dropout and activation, which fuse_mo
 is folded into the convolution before it, and the layer replaced by its dropout and activation.
 """
 
+import copy
 import sys
 
 import torch
@@ -152,6 +153,16 @@ def still_channels(model):
                 weight = module.weight.detach()[still].abs() if module.weight is not None else 1
                 found[name] = float((weight / (module.running_var[still] + module.eps).sqrt()).max())
     return found
+
+
+def folded_into(model):
+    """{batch-norm path: the convolution `fuse(model, "auto")` folds it into}, found on a copy. After folding the
+    batch norm's own path holds an identity or its activation: what `quantize.exclude` keeps float is the
+    convolution."""
+    modules = dict(model.named_modules())
+    _, groups = fuse(copy.deepcopy(model), "auto")
+    return {name: group[0] for group in groups for name in group[1:]
+            if isinstance(modules.get(name), nn.modules.batchnorm._BatchNorm)}
 
 
 def folding_line(unfused, fused):
