@@ -65,9 +65,10 @@ HUB = {
         **timm_image("tinynet_e"), "quantize": {"exclude": ["SqueezeExcite"]},
         "why": "int8 missed top-1 agreement only (6 of 8 held-out images, at 18-20 dB: two of them with the top two "
                "scores 0.08 and 0.17 apart); the per-layer diagnoses of onnx-int8 and litert-int8 ranked "
-               "squeeze-excite layers worst (15.1-16.2 dB), torch's numeric suite on qnnpack the squeeze-excite of "
-               "blocks.4.0 (-8.5 dB after its pooled mean). On qnnpack, trained weights: 20.1 dB and 6 of 8 as is, "
-               "20.8 dB and 7 of 8 with every squeeze-excite float"}),
+               "squeeze-excite layers worst (15.1-16.2 dB); torch's numeric suite on qnnpack puts the activations "
+               "inside the squeeze-excite of blocks.3.0 and 4.0 at 12.4 and 14.6 dB, the layers around them at "
+               "18-20 dB. On qnnpack, trained weights: 20.1 dB and 6 of 8 as is, 20.8 dB and 7 of 8 with every "
+               "squeeze-excite float"}),
     "mnasnet_small": ("timm MnasNet-Small", {
         **timm_image("mnasnet_small"), "quantize": {"exclude": ["conv_stem", "blocks.0.0"]},
         "why": "its first depthwise convolution folds a batch norm of running variance 0 (a channel the stem's ReLU "
