@@ -258,19 +258,22 @@ def test_litert_ranks_the_parts_of_its_decoder_and_keeps_the_excluded_ones_float
 
 
 @pytest.mark.slow
-def test_a_build_keeps_the_excluded_layers_float_on_both_routes(project):
+def test_a_build_keeps_the_excluded_layers_float_on_every_route(project):
     import onnx
 
     project.write_recipe(with_targets(ET_8DA4W, {**ET_8DA4W, "name": "et-head", "quantize": {"exclude": ["lm_head"]}},
-                                      {**ONNX_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}}))
+                                      {**ONNX_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}},
+                                      {**LITERT_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}}))
     project.doit()
-    for target in ("et-8da4w", "et-head", "onnx-int8"):
+    for target in ("et-8da4w", "et-head", "onnx-int8", "lt-int8"):
         verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
         assert verified["status"] == "passed", verified
         ranked = json.loads(project.artifact(f"lm/layers-{target}.json").read_text())
         assert ranked["layers"] and "error" not in ranked, ranked
     head = json.loads(project.artifact("lm/layers-et-head.json").read_text())
     assert "lm_head" not in {row["name"] for row in head["layers"]}  # kept float: not ranked
+    litert = json.loads(project.artifact("lm/layers-lt-int8.json").read_text())
+    assert {row["name"] for row in litert["layers"]} == {"model.embed_tokens", "model.layers.0.self_attn", "lm_head"}
     # export_llm's program with its output layer float: a float [vocab, hidden] matrix more than int4's
     assert project.artifact("lm/lm-et-head.pte").stat().st_size > project.artifact("lm/lm-et-8da4w.pte").stat().st_size
     graph_ = onnx.load(project.artifact("lm/lm-onnx-int8.onnx")).graph
