@@ -209,12 +209,13 @@ def quantized(data, config, keep_float=()):
 
 
 def tflite_bytes(model, config, scratch):
+    keep_float = kept_float(model, config.exclude)  # an entry it cannot keep: one line before converting
     data = float_tflite(model, config, scratch)
     if config.precision == "fp32":
         return data
     progress.note(f"quantizing with litert-torch's {RECIPES[config.precision, config.group_size]} recipe"
                   + (f", {', '.join(config.exclude)} kept float" if config.exclude else ""))
-    return quantized(data, config, kept_float(model, config.exclude))
+    return quantized(data, config, keep_float)
 
 
 def run(inputs, config, output):
