@@ -4,7 +4,7 @@ transformers' static-cache export (the build's path for other models), and again
 time to first token and decode tokens/s side by side in one process, one thread each where the runtime
 takes it (ExecuTorch's thread pool is sized to 1 for all of its programs alike). Each ExecuTorch program of ours is
 timed twice: through the build's generator (a step at a time from Python, worker/lm.py) and through ExecuTorch's own
-LLM runner (its Python binding, the byte tokenizer: worker/llm_runner.py), the harness lm_bench uses for them.
+LLM runner (its Python binding, the byte tokenizer: worker/llm_runner.py), which lm_bench times them by too.
 
     MOBILEBUILD_EXTRA_RECIPES=examples/llm/pydoc_lm.yaml mobilebuild build examples/llm/pydoc_lm.yaml
     python benchmarks/llm_vs_export_llm.py [SCRATCH_DIR]

@@ -285,11 +285,8 @@ def test_the_report_has_a_generation_table_for_a_language_model():
     assert section.generation.cells[0][:3] == ["eager fp32", "fp32", "reference"]
     timed["device"] = {"status": "ran", "serial": "R58M", "prompt_lengths": {
         "16": {"ttft_ms": 12, "decode_ms_per_token": 2.25}, "64": {"ttft_ms": 31, "decode_ms_per_token": 2.5}}}
-    timed["harness"] = "ExecuTorch LLM runner (TextLLMRunner)"
-    manifest["benchmarks"]["eager"]["harness"] = "eager generator"
     (section,) = report_data.build([manifest]).sections
     assert section.generation.cells[1][-1] == "16: TTFT 12 ms, 2.2 ms/token, 64: TTFT 31 ms, 2.5 ms/token on R58M"
-    assert "timed by (et): ExecuTorch LLM runner (TextLLMRunner)" in section.notes
     assert report_data.GENERATION_TITLE in report_markdown.render(report_data.build([manifest]))
     for result in (manifest["verification"]["et"], *manifest["benchmarks"].values()):
         result["generation"] = False

@@ -4,11 +4,13 @@ import dataclasses
 import re
 
 import pytest
+import test_generation
 import yaml
 from conftest import tiny_recipe
 
+from mobilebuild import probe
 from mobilebuild.errors import RecipeErrors
-from mobilebuild.plan import graph, recipe, stages
+from mobilebuild.plan import graph, recipe, stages, toolchain
 
 
 def nodes_for(root, data):
@@ -87,6 +89,51 @@ def test_a_node_is_keyed_on_its_own_routes_packages_only(tmp_path):
         assert executorch <= toolchains[name] and not (onnx | litert) & toolchains[name], name
     for name in ("export:tiny-onnx", "verify:tiny-onnx"):
         assert onnx <= toolchains[name] and not (executorch | litert) & toolchains[name], name
+
+
+@pytest.fixture
+def upgraded(monkeypatch):
+    """upgraded(distribution): the plan sees another version of it installed (package metadata, as it reads it)."""
+    read = probe.facts
+
+    def upgrade(distribution):
+        monkeypatch.setattr(probe, "facts", lambda names, *rest: {**read(names, *rest), distribution: "99.0"})
+        toolchain.versions.cache_clear()
+
+    yield upgrade
+    toolchain.versions.cache_clear()
+
+
+LIBRARY_RECIPES = {
+    "tiny": tiny_recipe(targets=[{"backend": "xnnpack"}, {"backend": "onnx"}]),
+    "lc": {"name": "lc", "model": {"timm": "lcnet_050"}, "input": {"shape": [1, 3, 32, 32]},
+           "targets": [{"backend": "xnnpack"}, {"backend": "xnnpack", "runtime": "executorch"}]},
+    "lm": test_generation.LM,
+    # a factory's language model: the LM stages run it as a transformers model all the same
+    "lmf": {**test_generation.LM, "name": "lmf", "model": {"factory": "tinylm:make"},
+            "inputs": [{"name": "input_ids", "shape": [1, 1], "dtype": "int64", "range": [0, 64]}]},
+}
+
+
+@pytest.mark.parametrize("library, rebuilt", [("transformers", {"lm", "lmf"}), ("timm", {"lc"})])
+def test_upgrading_a_library_of_models_rekeys_the_nodes_that_build_its_models_only(tmp_path, upgraded, library,
+                                                                                    rebuilt):
+    for data in LIBRARY_RECIPES.values():
+        (tmp_path / "recipes").mkdir(exist_ok=True)
+        (tmp_path / "recipes" / f"{data['name']}.yaml").write_text(yaml.safe_dump(data))
+    before = {node.task_name: node.key() for node in graph.build(recipe.load_all(tmp_path), tmp_path)}
+    upgraded(library)
+    after = {node.task_name: node.key() for node in graph.build(recipe.load_all(tmp_path), tmp_path)}
+    assert before.keys() == after.keys()
+    changed = {name for name in before if before[name] != after[name]}
+    for name in before:
+        recipe_name = name.split(":")[1].split("-")[0]
+        # every node that builds the model from its source, on every route; not those that read only an artifact
+        builds = bool(before[name]["config"].get("model"))
+        assert (name in changed) == (recipe_name in rebuilt and builds), name
+    assert {name.split(":")[0] for name in changed} >= (
+        {"checkpoint", "lm_lower", "lm_onnx", "lm_verify", "lm_bench", "lm_layers"} if library == "transformers"
+        else {"checkpoint", "fuse", "script", "lower", "verify"})
 
 
 def test_a_factory_in_the_repository_is_a_dependency(tmp_path):

@@ -2,6 +2,8 @@
 statistics line, the adb flow against the fake `adb` of test_device (this machine has neither adb nor a device), and
 (slow) the runner's Python binding on a real export_llm program, its greedy tokens as the generator's."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from test_device import SERIAL, FakeAdb
@@ -110,3 +112,14 @@ def test_the_runner_on_the_host_generates_the_generators_greedy_tokens(tmp_path)
         prompt = torch.tensor([list(llm_runner.prompt_text(length).encode())])
         assert found[str(length)]["tokens"] == lm.greedy(generator, prompt, 8)[1]
         assert found[str(length)]["ttft_ms"] > 0 and found[str(length)]["decode_ms_per_token"] > 0
+
+    # lm_bench times it both ways: the generator every artifact has (the report ranks on it), the runner beside it
+    from mobilebuild.worker.stages import lm_bench
+
+    config = SimpleNamespace(runtime="executorch", runtime_module=et_runtime.__name__, prompt_lengths=[16],
+                             new_tokens=8, timing={"warmup": 1, "iters": 16, "threads": 1})
+    timed = lm_bench.measure({"config": config, "path": str(program), "label": "lm",
+                              "tokenizer": str(tmp_path / "tokenizer.json")})
+    assert timed["harness"] == lm_bench.GENERATOR and timed["runner"]["harness"] == lm_bench.RUNNER
+    for harness in (timed, timed["runner"]):
+        assert harness["decode_tokens_per_s"] > 0 and harness["prompt_lengths"]["16"]["ttft_ms"] > 0

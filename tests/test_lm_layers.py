@@ -1,5 +1,6 @@
 """Quantized language model targets: quantize.exclude keeps linear layers float (ExecuTorch through torchao's
-filter, ONNX through onnxruntime's nodes_to_exclude), the per-layer ranking (lm_layers: each layer quantized alone)
+filter, ONNX through onnxruntime's nodes_to_exclude, LiteRT through ai-edge-quantizer's recipe, whole parts of
+litert-torch's decoder), the per-layer ranking (lm_layers: each layer quantized alone)
 and `mobilebuild tune` choosing the layers to keep float. On the tiny Llama of test_generation and a Qwen2 from a
 small transformers config (a model we did not write)."""
 
@@ -29,6 +30,7 @@ def with_targets(*targets):
 
 ET_8DA4W = {"backend": "xnnpack", "runtime": "executorch", "precision": "8da4w", "name": "et-8da4w"}
 ONNX_INT8 = {"backend": "onnx", "precision": "int8", "name": "onnx-int8"}
+LITERT_INT8 = {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "lt-int8"}
 
 
 # --- the plan ------------------------------------------------------------------------------------------------------
@@ -47,6 +49,20 @@ def test_exclude_reaches_the_artifact_and_the_ranking_and_keys_only_where_set(tm
     assert changed == {"lm_lower:lm-et-8da4w", "lm_layers:lm-et-8da4w"}  # verify and bench: on the artifact's bytes
 
 
+def test_a_litert_lm_target_keeps_parts_float_and_gets_a_ranking(tmp_path):
+    before = keys(tmp_path, with_targets(LITERT_INT8))
+    assert "lm_layers:lm-lt-int8" in before
+    excluded = with_targets({**LITERT_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}})
+    write(tmp_path, excluded)
+    (loaded,) = recipe.load_all(tmp_path)
+    nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, str(tmp_path))}
+    assert nodes["lm_litert:lm-lt-int8"].settings.exclude == ["model.layers.0.mlp"]
+    assert nodes["lm_layers:lm-lt-int8"].settings.method == "mobilebuild.worker.layers.lm_litert"
+    after = keys(tmp_path, excluded)
+    assert {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))
+            } == {"lm_litert:lm-lt-int8", "lm_layers:lm-lt-int8"}
+
+
 def test_only_quantized_targets_get_a_ranking_and_verify_layers_turns_it_off(tmp_path):
     write(tmp_path, LM)
     (loaded,) = recipe.load_all(tmp_path)
@@ -62,9 +78,8 @@ def test_only_quantized_targets_get_a_ranking_and_verify_layers_turns_it_off(tmp
 
 @pytest.mark.parametrize("target, expected", [
     ({"backend": "onnx"}, "targets[0].quantize.exclude: an fp32 target quantizes nothing: leave exclude out"),
-    ({"backend": "xnnpack", "runtime": "litert", "precision": "int8"},
-     "targets[0].quantize.exclude: LiteRT's generative converter quantizes the whole model (litert-torch's recipes): "
-     "it keeps no layer float; leave exclude out"),
+    ({"backend": "xnnpack", "runtime": "litert"},
+     "targets[0].quantize.exclude: an fp32 target quantizes nothing: leave exclude out"),
 ])
 def test_a_target_that_cannot_keep_layers_float_refuses_exclude_in_one_line(tmp_path, target, expected):
     (line,) = _plan_problems(tmp_path, with_targets({**target, "quantize": {"exclude": ["lm_head"]}}))
@@ -89,6 +104,23 @@ def test_exclude_entries_resolve_to_the_linear_layers_they_hold(qwen2):
         lm.kept_float(qwen2, ["model.norm"], "8da4w")
     with pytest.raises(MobileBuildError, match="no module named 'model.layers.7'"):
         lm.kept_float(qwen2, ["model.layers.7"], "8da4w")
+
+
+def test_litert_keeps_whole_parts_of_its_decoder_float_and_refuses_the_rest_in_one_line(qwen2):
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.worker.stages import lm_litert
+
+    attention, feed_forward = lm_litert.ATTENTION.format(1), lm_litert.FEED_FORWARD.format(1)
+    assert lm_litert.kept_float(qwen2, ["model.layers.1", "lm_head"]) == [lm_litert.LOGITS, attention, feed_forward]
+    assert lm_litert.kept_float(qwen2, ["Qwen2MLP"]) == [lm_litert.FEED_FORWARD.format(0), feed_forward]
+    for entry in ("model.layers.0.self_attn.q_proj", "model.norm"):  # inside a part (q, k, v fused), outside all
+        with pytest.raises(MobileBuildError, match=f"{entry}: LiteRT keeps whole parts of litert-torch's decoder "
+                                                   "float") as caught:
+            lm_litert.kept_float(qwen2, [entry])
+        assert caught.value.field == "quantize.exclude" and "\n" not in str(caught.value)
+    tied = copy.deepcopy(qwen2)
+    tied.config.tie_word_embeddings = True
+    assert lm_litert.kept_float(tied, ["lm_head"]) == [lm_litert.EMBEDDING, lm_litert.LOGITS]  # one weight
 
 
 def test_torchao_keeps_the_excluded_linears_float_and_the_ranking_puts_them_back(qwen2):
@@ -122,8 +154,7 @@ def test_meta_names_of_module_paths():
 
 @pytest.fixture
 def lm_project(tmp_path, monkeypatch):
-    data = with_targets({"backend": "onnx"}, ONNX_INT8,
-                        {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "lt-int8"})
+    data = with_targets({"backend": "onnx"}, ONNX_INT8, LITERT_INT8)
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "lm.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     monkeypatch.chdir(tmp_path)
@@ -132,10 +163,7 @@ def lm_project(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("args, line", [
     (["--target", "onnx"], "recipes/lm.yaml: targets[0]: onnx is fp32: tune chooses the layers a quantized language "
-                           "model keeps float (quantize.exclude); its targets it can tune: onnx-int8"),
-    (["--target", "lt-int8"], "recipes/lm.yaml: targets[2]: lt-int8 (xnnpack, litert) has no per-layer ranking for "
-                              "language models: tune chooses the layers a quantized language model keeps float "
-                              "(quantize.exclude); its targets it can tune: onnx-int8"),
+                           "model keeps float (quantize.exclude); its targets it can tune: onnx-int8, lt-int8"),
     (["--target", "onnx-int8", "--goal", "top1_agreement=0.9"],
      "mobilebuild tune: --goal: no threshold 'top1_agreement' (expected recipe, defaults or NAME=VALUE with NAME one "
      "of sqnr_db, agreement, perplexity_ratio)"),
@@ -157,6 +185,12 @@ def test_tune_of_a_language_model_plans_its_candidates_with_their_ranking(lm_pro
     assert {f"lm_verify:lm.tune-{base}", f"lm_bench:lm.tune-{other}", f"lm_layers:lm.tune-{base}"} <= set(nodes)
     assert nodes[f"lm_onnx:lm.tune-{other}"].settings.exclude == ["model.layers.0.self_attn"]
     assert session.tasks_of(candidates[0]) == (f"lm_verify:lm.tune-{base}", f"lm_bench:lm.tune-{base}")
+    options = command.parser().parse_args(["recipes/lm.yaml", "--target", "lt-int8"])  # LiteRT's, as ONNX's
+    session = command.Session(lm_project, options)
+    nodes = session.write(candidates)
+    base, other = (session.cid(candidate) for candidate in candidates)
+    assert nodes[f"lm_litert:lm.tune-{other}"].settings.exclude == ["model.layers.0.self_attn"]
+    assert f"lm_layers:lm.tune-{base}" in nodes
 
 
 # --- slow: the ranking through each route's quantizer, and a build that keeps layers float ---------------------------
@@ -183,19 +217,63 @@ def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer
 
 
 @pytest.mark.slow
-def test_a_build_keeps_the_excluded_layers_float_on_both_routes(project):
+def test_litert_ranks_the_parts_of_its_decoder_and_keeps_the_excluded_ones_float(qwen2, tmp_path, monkeypatch):
+    """The float .tflite quantized by litert-torch's own recipe: with nothing excluded, the bytes of its converter's
+    int8; every part excluded, the float model's logits; the ranking, each part quantized alone."""
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.runtimes import litert as runtime
+    from mobilebuild.worker.stages import lm_layers, lm_litert
+
+    config = SimpleNamespace(method="mobilebuild.worker.layers.lm_litert", model=None, precision="int8",
+                             max_context=32, group_size=None, exclude=["lm_head"], prompt_lengths=[4, 8], new_tokens=4,
+                             prompts=2, text=None, seed=0, top=5)
+    data = lm_litert.float_tflite(qwen2, config, str(tmp_path))
+    with lm_litert.litert.converting(), lm_litert._tflite_schema_for_tensorflow():
+        from litert_torch.generative.utilities import converter
+        from litert_torch.generative.utilities.export_config import ExportConfig
+
+        converted = converter.convert_to_tflite(lm_litert.reauthored(qwen2, 32), str(tmp_path), "int8", [4, 8], 32,
+                                                quantize="dynamic_int8",
+                                                export_config=ExportConfig(output_logits_on_prefill=True))
+    whole = lm_litert.quantized(data, config)
+    assert whole == (tmp_path / converted.rsplit("/", 1)[-1]).read_bytes()
+
+    def logits(model_bytes):
+        return runtime.generator(model_bytes, config).forward(torch.arange(8).view(1, 8), 0)
+
+    every = lm_litert.quantized(data, config, lm_litert.kept_float(qwen2, ["model", "lm_head"]))
+    assert torch.equal(logits(every), logits(data))
+    mlp = lm_litert.quantized(data, config, lm_litert.kept_float(qwen2, ["model.layers.0.mlp"]))
+    assert len(whole) < len(mlp) < len(every) and not torch.equal(logits(mlp), logits(whole))
+
+    monkeypatch.setattr(lm, "causal_lm", lambda source, checkpoint: copy.deepcopy(qwen2))  # no checkpoint file
+    lm_layers.run({"checkpoint": None}, config, tmp_path / "layers.json")
+    found = json.loads((tmp_path / "layers.json").read_text())
+    assert "error" not in found, found
+    ranked = [row["sqnr_db"] for row in found["layers"]]
+    assert {row["name"] for row in found["layers"]} == {"model.embed_tokens", "model.layers.0.self_attn",
+                                                        "model.layers.0.mlp", "model.layers.1.self_attn",
+                                                        "model.layers.1.mlp"}  # lm_head kept float: not ranked
+    assert ranked == sorted(ranked) and found["all_quantized_sqnr_db"] < ranked[0] < 80
+
+
+@pytest.mark.slow
+def test_a_build_keeps_the_excluded_layers_float_on_every_route(project):
     import onnx
 
     project.write_recipe(with_targets(ET_8DA4W, {**ET_8DA4W, "name": "et-head", "quantize": {"exclude": ["lm_head"]}},
-                                      {**ONNX_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}}))
+                                      {**ONNX_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}},
+                                      {**LITERT_INT8, "quantize": {"exclude": ["model.layers.0.mlp"]}}))
     project.doit()
-    for target in ("et-8da4w", "et-head", "onnx-int8"):
+    for target in ("et-8da4w", "et-head", "onnx-int8", "lt-int8"):
         verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
         assert verified["status"] == "passed", verified
         ranked = json.loads(project.artifact(f"lm/layers-{target}.json").read_text())
         assert ranked["layers"] and "error" not in ranked, ranked
     head = json.loads(project.artifact("lm/layers-et-head.json").read_text())
     assert "lm_head" not in {row["name"] for row in head["layers"]}  # kept float: not ranked
+    litert = json.loads(project.artifact("lm/layers-lt-int8.json").read_text())
+    assert {row["name"] for row in litert["layers"]} == {"model.embed_tokens", "model.layers.0.self_attn", "lm_head"}
     # export_llm's program with its output layer float: a float [vocab, hidden] matrix more than int4's
     assert project.artifact("lm/lm-et-head.pte").stat().st_size > project.artifact("lm/lm-et-8da4w.pte").stat().st_size
     graph_ = onnx.load(project.artifact("lm/lm-onnx-int8.onnx")).graph

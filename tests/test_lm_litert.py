@@ -97,7 +97,7 @@ def test_a_qwen2_with_biases_and_tied_embeddings_converts_exactly(tmp_path):
         for name, parameter in model.named_parameters():
             if name.endswith(".bias"):
                 parameter.normal_(0, 0.5)
-    config = types.SimpleNamespace(precision="fp32", group_size=None, max_context=16, prompt_lengths=[4],
+    config = types.SimpleNamespace(precision="fp32", group_size=None, exclude=None, max_context=16, prompt_lengths=[4],
                                    timing={"threads": 1})
     data = lm_litert.tflite_bytes(model.eval(), config, str(tmp_path))
     found = lm_verify.compare_prompt(litert.generator(data, config), lm.EagerGenerator(model),

@@ -329,3 +329,56 @@ def test_not_built_and_failed_recipes_stand_out_in_the_summary(tmp_path):
     assert '<li class="failed">mnv2: 2 target(s): 1 passed, 1 FAILED</li>' in page
     assert '<li class="built">fine: 3 target(s): 3 passed</li>' in page
     assert "ul.summary li.not-built { color: #cf222e" in page
+
+
+GENERATOR = "its runtime's generator, a step at a time from Python"  # lm_bench's harnesses
+RUNNER = "ExecuTorch's LLM runner (TextLLMRunner)"
+
+
+def lm_manifest():
+    """A language model's: ExecuTorch's program timed by the LLM runner too, faster there than ONNX Runtime's
+    artifact, slower than it through the generator every row has."""
+    def timed(median_ms, **more):
+        return {"status": "ran", "generation": True, "harness": GENERATOR, "median_ms": median_ms,
+                "decode_tokens_per_s": 1e3 / median_ms, "prompt_lengths": {"16": {"ttft_ms": 4 * median_ms}}, **more}
+
+    verified = {"status": "passed", "generation": True, "metrics": {"sqnr_db": 30.0, "agreement": 1.0},
+                "thresholds": {"sqnr_db": 8.0, "agreement": 0.25}}
+    runner = {"harness": RUNNER, "median_ms": 0.1, "decode_tokens_per_s": 1e4,
+              "prompt_lengths": {"16": {"ttft_ms": 0.6}}}
+    return {"recipe": "lm",
+            "targets": [{"target": "et", "backend": "xnnpack", "runtime": "executorch", "precision": "8da4w",
+                         "bytes": 300000, "status": "passed"},
+                        {"target": "onnx", "backend": "onnx", "runtime": "onnxruntime", "precision": "int4",
+                         "bytes": 400000, "status": "passed"}],
+            "verification": {"et": verified, "onnx": verified},
+            "benchmarks": {"eager": timed(3.0), "et": timed(0.5, runner=runner), "onnx": timed(0.4)}}
+
+
+def test_a_language_model_is_ranked_on_the_harness_every_row_has_the_runner_beside_it():
+    (section,) = report_data.build([lm_manifest()]).sections
+    # through the generator ONNX Runtime's 0.4 ms beats ExecuTorch's 0.5; the runner's 0.1 ms is not compared
+    assert section.recommendation[0].startswith(
+        f"Ship onnx (ONNX Runtime, onnx, int4): the fastest of 2 artifact(s) verified on this host that pass the "
+        f"default thresholds, each timed by {GENERATOR}; 0.400 ms median")
+    table = dict(zip(section.generation.header, zip(*section.generation.cells)))
+    assert table["decode tokens/s"] == ("333", "2000", "2500")
+    assert table["runner TTFT ms"] == ("—", "16: 0.60", "—") and table["runner decode tokens/s"] == ("—", "10000", "—")
+    groups = dict(section.generation.groups())
+    assert groups[report_data.RANKED] == 2 and groups[report_data.RUNNER] == 2
+    assert any(note.startswith(f"also timed by (et): {RUNNER}, what an app runs") and "not ranked" in note
+               for note in section.notes)
+    assert not any(note.startswith("timed by") for note in section.notes)  # one harness for the ranked rows
+
+
+def test_a_row_timed_only_by_another_harness_is_not_ranked_against_the_others():
+    manifest = lm_manifest()
+    et = manifest["benchmarks"]["et"]
+    et.update({key: et["runner"][key] for key in ("harness", "median_ms", "decode_tokens_per_s", "prompt_lengths")})
+    del et["runner"]  # as lm_bench wrote an export_llm program's timings before it timed every row by the generator
+    (section,) = report_data.build([manifest]).sections
+    assert section.recommendation[0].startswith("Ship onnx ")
+    assert (f"Faster, but left out: et (0.100 ms): timed by {RUNNER}, the others by {GENERATOR}: not ranked against "
+            "them." in section.recommendation)
+    assert f"timed by (et): {RUNNER}" in section.notes
+    assert report_data.RUNNER not in dict(section.generation.groups())  # no runner columns: no row has them beside

@@ -15,7 +15,7 @@ from pathlib import Path
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import stages, toolchain
 from mobilebuild.plan.node import Node
-from mobilebuild.plan.settings import ModelSource, Quantization
+from mobilebuild.plan.settings import MODEL_LIBRARIES, ModelSource, Quantization
 
 ARTIFACTS_DIR = "artifacts"
 
@@ -25,21 +25,28 @@ def out_dir(recipe):
 
 
 SOURCE_KEYS = ("torchvision", "quantizable", "factory", "timm", "transformers", "config", "pretrained", "kwargs")
-HUB_SOURCES = ("timm", "transformers")  # libraries of models: their version keys what they build
+HUB_SOURCES = MODEL_LIBRARIES  # a model source named after its library
 
 
-def model_source(model, inputs=()) -> ModelSource:
+def model_source(model, inputs=(), generative=False) -> ModelSource:
     """What the stages build the model from: the recipe's source; the inputs' names, each passed to the parameter of
     forward of that name where it has one (worker/named_inputs.py), where there are several or the model is a hub
-    library's (a torchvision or factory model of one input takes it by position, and keeps its nodes' settings); a
-    hub library's version, as its models change with it."""
+    library's (a torchvision or factory model of one input takes it by position, and keeps its nodes' settings); the
+    library of models that builds it, whose version keys its nodes (checked_node): a hub source's, and transformers
+    for a language model (`generative`), which the LM stages run as a transformers model whatever its source."""
     found = {k: model[k] for k in SOURCE_KEYS if k in model}
     hub = next((key for key in HUB_SOURCES if key in model), None)
-    if hub:
-        found["library"] = f"{hub}=={library_version(hub)}"
+    library = hub or ("transformers" if generative else None)
+    if library:
+        found["library"] = library
     if hub or len(inputs) > 1:
         found["inputs"] = [spec["name"] for spec in inputs]
     return found
+
+
+def recipe_source(recipe) -> ModelSource:
+    """model_source of a recipe's model."""
+    return model_source(recipe.model, recipe.inputs, generative=bool(recipe.generate))
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,7 +123,7 @@ class Chain:
 
     @property
     def source(self):
-        return model_source(self.recipe.model, self.recipe.inputs)
+        return recipe_source(self.recipe)
 
     @property
     def source_files(self):
@@ -259,12 +266,15 @@ class Chain:
 
 def checked_node(recipe, stage, name, settings, inputs, output, **extra):
     """A node of `stage` for `recipe`, its inputs ({role: upstream node, or a repository file}) checked against the
-    stage's contract: every node of the graph is made here."""
+    stage's contract: every node of the graph is made here. A node that builds the model from a library of models
+    is keyed on that library's version too (Node.packages), so that upgrading it rebuilds only what it builds."""
     stages.get(stage).check_inputs({role: source.stage if isinstance(source, Node) else stages.FILE
                                     for role, source in inputs.items()})
+    library = (getattr(settings, "model", None) or {}).get("library")
+    packages = (*extra.pop("packages", ()), *([library] if library else []))
     return Node(stage, name, recipe=recipe.name, recipe_file=recipe.file, settings=settings,
                 inputs={role: source.output if isinstance(source, Node) else source for role, source in inputs.items()},
-                output=output, time_limit=recipe.limits.get(stages.get(stage).limit), **extra)
+                output=output, time_limit=recipe.limits.get(stages.get(stage).limit), packages=packages, **extra)
 
 
 def files_below(directory, root):

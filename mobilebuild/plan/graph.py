@@ -14,8 +14,8 @@ from mobilebuild.plan.chain import (
     checked_node,
     forget_source_files,
     model_files,
-    model_source,
     out_dir,
+    recipe_source,
     source_files,
 )
 from mobilebuild.plan.node import Node
@@ -32,7 +32,7 @@ LAYERS_SAMPLES = 16
 def recipe_nodes(recipe, root):
     """The nodes one recipe needs, in dependency order."""
     out = out_dir(recipe)
-    source = model_source(recipe.model, recipe.inputs)
+    source = recipe_source(recipe)
     factory_files = model_files(root, recipe.model)
     nodes = []
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan.registry import Registry
+from mobilebuild.plan.settings import MODEL_LIBRARIES
 
 DEVICE_ONLY = "runs only on {where}; the host checks that the artifact loads and records its structure"
 RUNTIMES_PACKAGE = "mobilebuild.worker.runtimes"
@@ -227,8 +228,10 @@ def final_stages():
 
 
 def distributions():
-    """Every package whose version can change an artifact's bytes, in registration order."""
-    return tuple(dict.fromkeys(("torch", "torchvision", *(d for r in _ROUTES.all() for d in r.runs.packages))))
+    """Every package whose version can change an artifact's bytes: torch's, the libraries of models, the routes' in
+    registration order."""
+    return tuple(dict.fromkeys(("torch", "torchvision", *MODEL_LIBRARIES,
+                                *(d for r in _ROUTES.all() for d in r.runs.packages))))
 
 
 def runtime_packages():

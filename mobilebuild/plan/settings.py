@@ -5,6 +5,10 @@ entries), with a declared shape."""
 
 from typing import Literal, TypedDict
 
+# Libraries of models a recipe's model: may name (its key): the nodes that build a model with one are keyed on its
+# version (ModelSource.library), as the node's interpreter has it.
+MODEL_LIBRARIES = ("timm", "transformers")
+
 
 class ModelSource(TypedDict, total=False):
     """What the stages build the model from (plan.chain.model_source): exactly one of torchvision, factory, timm and
@@ -17,7 +21,7 @@ class ModelSource(TypedDict, total=False):
     config: dict  # transformers: the model's configuration fields
     pretrained: str  # transformers: a local save_pretrained folder, relative to the recipe
     kwargs: dict  # keyword arguments of the builder, factory or class
-    library: str  # a hub library's "name==version": its models change with it
+    library: str  # the library of models that builds it (MODEL_LIBRARIES): its version keys the node
     inputs: list[str]  # the inputs' names, bound to forward's parameters by name (worker/named_inputs.py)
 
 

@@ -17,8 +17,9 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # where another inter
 @functools.lru_cache(maxsize=None)
 def versions(interpreter=None, packages=None):
     """The toolchain: this interpreter's versions, or those of the `toolchain` interpreter that runs a node. Given
-    `packages` (a route's own, Node.packages), only torch's, torchvision's and theirs among the routes' packages: what
-    keys a node's up-to-date check, so that registering or upgrading another route family rebuilds none of its nodes.
+    `packages` (a node's own: its route's and the library of models it builds with, Node.packages), only torch's,
+    torchvision's and theirs among routes.distributions(): what keys a node's up-to-date check, so that registering
+    or upgrading another route family or library rebuilds none of its nodes.
     Cached: one dict per combination (engine/uptodate.py encodes each once)."""
     found = probe.facts(routes.distributions()) if interpreter is None else probe_interpreter(interpreter)
     if packages is not None:

@@ -489,20 +489,33 @@ def _host_caveat(candidates):
             "may rank these artifacts otherwise; time them on the device (benchmark.device) before choosing on speed.")
 
 
+def _other_harness(row, harness):
+    """Why a row is not ranked with the others (None when it is): its timings come from another harness than the
+    eager baseline's (a language model's: lm_bench times every row by its runtime's generator, the harness the
+    ranking compares; a result written before it did may have the LLM runner's only)."""
+    found = _get(row.benchmark, "harness")
+    if harness is None or found in (None, harness) or row.median_ms is None:
+        return None
+    return f"timed by {found}, the others by {harness}: not ranked against them"
+
+
 def recommend(rows):
     """Lines that answer "which artifact do I ship?": the fastest host-verified artifact that passes the default
     thresholds, the best of each runtime family, what is faster but left out (and why), what only a device can
-    measure."""
+    measure. Like with like: where the timings name their harness, only rows timed as the eager baseline was are
+    ranked."""
     eager, targets = rows[0], rows[1:]
     if not targets:
         return []
-    why = {row.label: shortfall(row) for row in targets}  # None: a candidate
+    harness = _get(eager.benchmark, "harness")
+    why = {row.label: shortfall(row) or _other_harness(row, harness) for row in targets}  # None: a candidate
     candidates = sorted((row for row in targets if why[row.label] is None), key=lambda row: row.median_ms)
     lines = []
     if candidates:
         best = candidates[0]
+        timed = f", each timed by {harness}" if harness else ""
         lines.append(f"Ship {best.label} ({_runs_on(best)}): the fastest of {len(candidates)} artifact(s) verified "
-                     f"on this host that pass the default thresholds; {_pitch(best, eager)}.")
+                     f"on this host that pass the default thresholds{timed}; {_pitch(best, eager)}.")
         lines.append(_host_caveat(candidates))
         tied = [row for row in candidates[1:] if _overlap(best, row)]
         if tied:
@@ -599,10 +612,15 @@ def _notes(rows):
         for row in rows if row.median_ms is not None)
     notes.extend(f"latency ({', '.join(labels)}): {text}" for text, labels in settings.items())
 
-    # a language model's timings: ExecuTorch's LLM runner steps in C++, a generator from Python (docs/llm.md)
+    # a language model's timings: a generator from Python for every row, ExecuTorch's LLM runner (steps in C++)
+    # beside it for its programs (docs/llm.md)
     harnesses = _grouped((row.label, row.benchmark["harness"]) for row in rows if "harness" in row.benchmark)
     if len(harnesses) > 1:
         notes.extend(f"timed by ({', '.join(labels)}): {text}" for text, labels in harnesses.items())
+    runners = _grouped((row.label, _get(_runner(row), "harness")) for row in rows if _runner(row))
+    notes.extend(f"also timed by ({', '.join(labels)}): {_text(text)}, what an app runs (no Python between steps): "
+                 "its figures are the generation table's runner columns, not ranked, since the other rows have no "
+                 "such harness" for text, labels in runners.items())
 
     devices = _grouped((row.label, _device(row.benchmark["device"])) for row in rows if "device" in row.benchmark)
     benchmarked = [row.label for row in rows if row.benchmark]
@@ -685,12 +703,18 @@ def _section(manifest):
 
 
 GENERATION_TITLE = ("Generation, token by token (a language model with its KV cache; the main table's latency is one "
-                    "decode step): time to first token per prompt length, greedy agreement with eager, the lowest "
-                    "logits SQNR, held-out perplexity")
+                    "decode step, timed for every row by its runtime's generator from Python, which the ranking "
+                    "compares; ExecuTorch's LLM runner beside it where it timed a row): time to first token per "
+                    "prompt length, greedy agreement with eager, the lowest logits SQNR, held-out perplexity")
 
 
-def _per_length(row, key, digits):
-    lengths = _dict(_get(row.benchmark, "prompt_lengths"))
+def _runner(row):
+    """The timings of ExecuTorch's LLM runner beside the generator's (lm_bench), {} where it did not time the row."""
+    return _dict(_get(row.benchmark, "runner")) if row.timing("median_ms") is not None else {}
+
+
+def _per_length(timings, key, digits):
+    lengths = _dict(_get(timings, "prompt_lengths"))
     return ", ".join(f"{length}: {_fixed(_get(values, key), digits)}" for length, values in lengths.items()) or NONE
 
 
@@ -705,13 +729,19 @@ def _on_device(row):
                      ) + f" on {found.get('serial')}"
 
 
+RANKED = "generator, from Python (ranked)"
+RUNNER = "ExecuTorch's LLM runner (not ranked)"
 GENERATION_COLUMNS = [
     Column("target", "", False, lambda row: row.label),
     Column("precision", "", False, lambda row: _text(row.precision)),
     Column("status", "", False, lambda row: row.status),
     Column("size (MB)", "", True, lambda row: _megabytes(row.size_bytes)),
-    Column("TTFT ms (prompt length: ms)", "", True, lambda row: _per_length(row, "ttft_ms", 2)),
-    Column("decode tokens/s", "", True, lambda row: _fixed(finite(_get(row.benchmark, "decode_tokens_per_s")), 0)),
+    Column("TTFT ms (prompt length: ms)", RANKED, True, lambda row: _per_length(row.benchmark, "ttft_ms", 2)),
+    Column("decode tokens/s", RANKED, True, lambda row: _fixed(finite(_get(row.benchmark, "decode_tokens_per_s")), 0)),
+    Column("runner TTFT ms", RUNNER, True, lambda row: _per_length(_runner(row), "ttft_ms", 2)
+           if _runner(row) else NONE),
+    Column("runner decode tokens/s", RUNNER, True,
+           lambda row: _fixed(finite(_get(_runner(row), "decode_tokens_per_s")), 0)),
     Column("peak RSS (MB)", "", True, lambda row: _fixed(finite(_get(row.benchmark, "peak_rss_mb")), 0)),
     Column("greedy agreement", "", True, lambda row: _fixed(row.metric("agreement"), 3)),
     Column("SQNR (dB)", "", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
@@ -725,8 +755,9 @@ def _generation(rows):
     """The token-by-token table of a language model's recipe, or None for any other."""
     if not any(_get(row.benchmark, "generation") or _get(row.verification, "generation") for row in rows):
         return None
-    return Table(GENERATION_COLUMNS, [[column.cell(row) for column in GENERATION_COLUMNS] for row in rows],
-                 [row.state for row in rows])
+    # the runner's columns only where it timed a row
+    columns = [column for column in GENERATION_COLUMNS if column.group != RUNNER or any(map(_runner, rows))]
+    return Table(columns, [[column.cell(row) for column in columns] for row in rows], [row.state for row in rows])
 
 
 LAYERS_TITLE = "Worst layers of the int8 artifacts (each layer fed the float model's inputs; lowest SQNR first)"

@@ -164,13 +164,11 @@ class LMConvertConfig:
     max_context: int
     prompt_lengths: list
     group_size: int | None = None  # int4 only
+    exclude: list | None = when_set()  # quantize.exclude: parts of the decoder the quantizer leaves float
 
 
 def lm_convert(chain):
     exported = generation.export_config(chain)
-    if exported.exclude:
-        raise chain.error("LiteRT's generative converter quantizes the whole model (litert-torch's recipes): it keeps "
-                          "no layer float; leave exclude out", "quantize.exclude")
     model_type = (exported.model.get("config") or {}).get("model_type")
     if model_type not in (None, *ARCHITECTURES):
         raise chain.error(f"model_type {model_type!r}: {NOT_MAPPED}", "model.config.model_type")
@@ -179,7 +177,8 @@ def lm_convert(chain):
                           f"{' or '.join(map(str, INT4_BLOCKS))} weights, not {exported.group_size}: set "
                           f"generate.group_size to one of them or use int8", "generate.group_size")
     config = LMConvertConfig(model=exported.model, precision=exported.precision, max_context=exported.max_context,
-                             prompt_lengths=chain.recipe.generate["prompt_lengths"], group_size=exported.group_size)
+                             prompt_lengths=chain.recipe.generate["prompt_lengths"], group_size=exported.group_size,
+                             exclude=exported.exclude)
     return chain.shipped("lm_litert", config, {"checkpoint": chain.nodes["checkpoint"]}, files=chain.source_files)
 
 
@@ -201,9 +200,11 @@ def runtime(device_only=None):
 register(Route("xnnpack", "litert", ("fp32", "int8"), ("litert",), ".tflite",
                "CPU through LiteRT's XNNPACK delegate (fp16 weights on request; int8: PT2E static or dynamic-range)",
                runtime(), int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES), section=SECTION,
-               generation=Generation("lm_litert", LM_PRECISIONS),
+               generation=Generation("lm_litert", LM_PRECISIONS, layers="mobilebuild.worker.layers.lm_litert"),
                checks=Checks(preflight=preflight, outputs=outputs, layers=tensor_layers,
-                             layer_methods={"litert": "LiteRT interpreter, tensor by tensor (cumulative)"})))
+                             layer_methods={"litert": "LiteRT interpreter, tensor by tensor (cumulative)",
+                                            "lm_litert": "each part of the decoder alone quantized by "
+                                                         "ai-edge-quantizer, logits at the prefill"})))
 register(Route("gpu-delegate", "litert", ("fp32",), ("litert",), ".tflite",
                "GPU through LiteRT's GPU delegate (OpenCL/OpenGL on Android, Metal on iOS); fp16 weights by default",
                runtime("a phone GPU with LiteRT's GPU delegate"), section=SECTION, default=True, checks=CHECKS))

@@ -9,7 +9,8 @@ exporter made for them (`onnx_nodes`).
 Grammar (recipe.schema.json): an entry that is a module path of the model (`features.3`, `broken.0`) names that
 module and all it holds; any other entry whose last dotted part starts with an upper-case letter names a class,
 bare (`Hardswish`: every module whose class has that name) or importable (`torch.nn.Hardswish`: every module of
-exactly that class). A module fused into another (the Conv2d inside a ConvReLU2d) keeps the fused module float.
+exactly that class). A module fused into another (the Conv2d inside a ConvReLU2d) keeps the fused module float, and
+so does a module folded into another (a batch norm into the convolution before it).
 """
 
 import ast
@@ -22,6 +23,7 @@ from torch.ao import quantization as tq
 from torch.ao.nn.intrinsic import _FusedModule
 
 from mobilebuild.errors import MobileBuildError, few
+from mobilebuild.worker.stages import fuse
 
 FIELD = "quantize.exclude"
 ONNX_SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx's (dynamo) node metadata: the module paths around a node
@@ -47,9 +49,9 @@ def _class_matches(module, entry, imported):
 
 
 def resolve(model, entries, field=FIELD):
-    """The paths of the modules `entries` (quantize.exclude) keep in float: a path inside a fused module becomes the
-    fused module's, and only the outermost of nested paths is kept (it holds the others). Entries that match nothing
-    are one error naming some of the model's modules."""
+    """The paths of the modules `entries` (quantize.exclude) keep in float: a path inside a fused module, or of one
+    folded into another (fuse.merged_into), becomes the fused module's, and only the outermost of nested paths is
+    kept (it holds the others). Entries that match nothing are one error naming some of the model's modules."""
     if not entries:
         return []
     modules = {path: module for path, module in model.named_modules() if path}
@@ -66,7 +68,8 @@ def resolve(model, entries, field=FIELD):
         found.update(matches)
     if unknown:
         raise MobileBuildError(_unknown_message(unknown, modules), field=field)
-    lifted = {_outside_fusion(path, modules) for path in found}
+    merged = fuse.merged_into(model)
+    lifted = {_outside_fusion(merged.get(path, path), modules) for path in found}
     return sorted(path for path in lifted if not any(path.startswith(other + ".") for other in lifted))
 
 

@@ -7,7 +7,9 @@ BatchNorm2d subclass that also applies its dropout and activation, which fuse_mo
 is folded into the convolution before it, and the layer replaced by its dropout and activation.
 """
 
+import copy
 import sys
+import weakref
 
 import torch
 from torch import nn
@@ -154,6 +156,16 @@ def still_channels(model):
     return found
 
 
+def folded_into(model):
+    """{batch-norm path: the convolution `fuse(model, "auto")` folds it into}, found on a copy. After folding the
+    batch norm's own path holds an identity or its activation: what `quantize.exclude` keeps float is the
+    convolution."""
+    modules = dict(model.named_modules())
+    merged = merged_into(fuse(copy.deepcopy(model), "auto")[0])
+    return {name: into for name, into in merged.items()
+            if isinstance(modules.get(name), nn.modules.batchnorm._BatchNorm)}
+
+
 def folding_line(unfused, fused):
     """What fusion did with the batch norm of a model: how many layers were folded into the convolution before them,
     how many of them in timm's norm-activation layers, and which stayed (not after a convolution); None for a model
@@ -197,6 +209,17 @@ def _own_fusion(model, qat):
     return True
 
 
+# {a model fuse() returned: {path of a module it folded or fused into another: that other's path}}. Once folded, a
+# batch norm's own path holds an identity (or its activation): quantize.exclude naming it means the convolution.
+_MERGED = weakref.WeakKeyDictionary()
+
+
+def merged_into(model):
+    """{path of a module that fuse() folded or fused into another: the other's path}, for a model fuse() returned
+    (fuse.load's too); empty for any other model."""
+    return _MERGED.get(model, {})
+
+
 def fuse(model, setting, qat=False):
     """Fuse `model` in place; return it and the groups that were fused (beyond the model's own fuse_model()), the
     [convolution, norm-activation layer] pairs folded by fold_norm_act last.
@@ -219,6 +242,7 @@ def fuse(model, setting, qat=False):
         fuse_modules(model, groups, inplace=True)
     if folded is None:  # after the model's own or the recipe's fusion, which may name the layers as they were
         folded = fold_norm_act(model, qat)
+    _MERGED[model] = {name: group[0] for group in groups + folded for name in group[1:]}
     return model, groups + folded
 
 

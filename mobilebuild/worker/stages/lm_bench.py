@@ -6,9 +6,10 @@ Time to first token, per prompt length: the prefill of the prompt and the choice
 new tokens after it, one step each (greedy), as tokens per second. The prompts are fixed token ids (the timings
 do not depend on their values).
 
-The harness: an export_llm program of a byte-level model is timed by ExecuTorch's own LLM runner
-(worker/llm_runner.py: what an app runs, its prompt as text), and on an Android device too where
-benchmark.device selects one; any other artifact by its runtime's generator, a step at a time (worker/lm.py).
+The harness: every artifact, and eager transformers, is timed by its runtime's generator, a step at a time from
+Python (worker/lm.py): the one harness every row has, which the report ranks on. An export_llm program of a
+byte-level model is timed by ExecuTorch's own LLM runner too (worker/llm_runner.py: what an app runs, its prompt as
+text, no Python between steps), under "runner", and on an Android device where benchmark.device selects one.
 """
 
 import json
@@ -25,6 +26,9 @@ from mobilebuild.plan import toolchain
 from mobilebuild.worker import llm_runner, measure_alone, progress, runtimes, timing
 from mobilebuild.worker.stages import bench
 
+GENERATOR = "its runtime's generator, a step at a time from Python"
+RUNNER = "ExecuTorch's LLM runner (TextLLMRunner)"
+
 
 def measure(spec):
     config = spec["config"]
@@ -38,21 +42,23 @@ def measure(spec):
         load_ms = (time.perf_counter() - started) * 1e3
         # the decode steps are many per run: fewer runs than the bench stage's single forwards give as many samples
         runs = max(1, settings["iters"] // max(config.new_tokens, 1))
+        found = timings({str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"],
+                                                        runs) for length in config.prompt_lengths})
         refused = runner_refusal(generator)
-        if refused:
-            harness, found = f"{config.runtime} generator", {
-                str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"], runs)
-                for length in config.prompt_lengths}
-        else:
-            harness = "ExecuTorch LLM runner (TextLLMRunner)"
-            found = llm_runner.time_on_host(spec["path"], spec["tokenizer"], config.prompt_lengths,
-                                            config.new_tokens, settings["warmup"], runs)
-    per_token = [values["decode_ms_per_token"] for values in found.values() if values["decode_ms_per_token"]]
+        if not refused:
+            found["runner"] = {"harness": RUNNER, **timings(llm_runner.time_on_host(
+                spec["path"], spec["tokenizer"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs))}
+    return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
+            "harness": GENERATOR, "runner_refused": refused}
+
+
+def timings(per_length):
+    """{prompt_lengths, decode_tokens_per_s, median_ms} of one harness's {length: timings}."""
+    per_token = [values["decode_ms_per_token"] for values in per_length.values() if values["decode_ms_per_token"]]
     decode_ms = statistics.median(per_token) if per_token else None
-    return {"prompt_lengths": found, "decode_tokens_per_s": 1e3 / decode_ms if decode_ms else None,
-            # the bench stage's median: one decode step, what an app waits for per token
-            "median_ms": decode_ms, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(),
-            "threads": settings["threads"], "harness": harness, "runner_refused": refused}
+    # median_ms: the bench stage's median, one decode step, what an app waits for per token
+    return {"prompt_lengths": per_length, "decode_tokens_per_s": 1e3 / decode_ms if decode_ms else None,
+            "median_ms": decode_ms}
 
 
 def runner_refusal(generator):
@@ -97,14 +103,19 @@ def run(inputs, config, output):
             result["device"] = on_device(artifact, tokenizer, config, result["runner_refused"])
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True)
-    ttft = ", ".join(f"{length} tokens {values['ttft_ms']:.2f} ms" for length, values in
-                     result["prompt_lengths"].items())
-    tokens_per_s = result["decode_tokens_per_s"]
-    print(f"   time to first token: {ttft}; decode "
-          f"{'n/a' if tokens_per_s is None else f'{tokens_per_s:.1f}'} tokens/s; peak RSS "
-          f"{result['peak_rss_mb']:.0f} MB ({result['harness']})")
+    print(f"   {timings_line(result)}; peak RSS {result['peak_rss_mb']:.0f} MB ({result['harness']})")
+    if "runner" in result:
+        print(f"   {result['runner']['harness']}: {timings_line(result['runner'])}")
     if "device" in result:
         print(f"   device: {device_line(result['device'])}")
+
+
+def timings_line(found):
+    ttft = ", ".join(f"{length} tokens {values['ttft_ms']:.2f} ms" for length, values in
+                     found["prompt_lengths"].items())
+    tokens_per_s = found["decode_tokens_per_s"]
+    return (f"time to first token: {ttft}; decode {'n/a' if tokens_per_s is None else f'{tokens_per_s:.1f}'} "
+            "tokens/s")
 
 
 def on_device(artifact, tokenizer, config, refused):

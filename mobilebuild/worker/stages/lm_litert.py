@@ -9,6 +9,16 @@ signature's inputs and outputs (`kv_cache_k_<i>`, `kv_cache_v_<i>`, [1, max_cont
 Precisions are its own recipes: fp32 `none`; int8 `dynamic_int8` (int8 weights per channel, activations quantized
 as the kernels run); int4 `dynamic_int4_block32` / `_block128` (generate.group_size).
 
+Layers kept float (quantize.exclude): litert-torch's converter converts the float model, then quantizes it with
+ai-edge-quantizer by the recipe it translates from its own (`quantize.translate_recipe`). The build runs those two
+steps itself (with nothing excluded, the bytes are the converter's own), the recipe told to leave the excluded parts
+of the decoder alone (ai-edge-quantizer's NO_QUANTIZE, for the ops whose tensor names show them; its later rules
+win). The parts are what the converter names: each block's attention and feed-forward, the embedding and the
+logits' projection. litert-torch's own per-layer recipe (GenerativeQuantRecipe's attention/feedforward by block
+index) cannot keep a part float (its layer recipes are int8, int4 or fp16 only), and in litert-torch 0.10.0 its
+per-block patterns (`transformer_blocks[<i>]/...`) match none of the names its converter writes
+(`...TransformerBlock_<i>/...`).
+
 Why not litert-torch's exporter for transformers models (`generative.export_hf`), the path for any architecture:
 in litert-torch 0.10.0 it imports TensorFlow at import time (export_hf/model_ext/bonsai_flux2), which litert-torch
 does not declare and this toolchain does not install. The re-authored decoder is mapped here for transformers'
@@ -25,9 +35,9 @@ import types
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import lm, progress
+from mobilebuild.worker import lm, progress, quiet
 from mobilebuild.worker.runtimes import litert as runtime
-from mobilebuild.worker.stages import litert
+from mobilebuild.worker.stages import exclusion, litert
 
 RECIPES = {("fp32", None): "none", ("int8", None): "dynamic_int8", ("int4", 32): "dynamic_int4_block32",
            ("int4", 128): "dynamic_int4_block128"}  # litert_torch.generative.utilities.converter.QuantizationName
@@ -38,6 +48,12 @@ ARCHITECTURES = ("llama", "qwen2")
 NOT_MAPPED = ("litert-torch 0.10's generative path for transformers models (export_hf) imports TensorFlow, which this "
               "toolchain does not install, and its re-authored decoder is mapped here for model_type 'llama' and "
               "'qwen2' only")
+# The parts of litert-torch's decoder, as its converter names their ops' output tensors (ai-edge-quantizer's recipes
+# pick ops by a regex searched in that name; the "/" ends a block's number): what exclude can keep float
+ATTENTION = r"TransformerBlock_{}/litert_torch\.generative\.layers\.attention\.CausalSelfAttention"
+FEED_FORWARD = r"TransformerBlock_{}/litert_torch\.generative\.layers\.feed_forward\."
+EMBEDDING = r"Embedding_tok_embedding"
+LOGITS = r"_logits_output"  # the logits' projection: prefill_<n>_logits_output, decode_logits_output
 
 
 @contextlib.contextmanager
@@ -121,7 +137,35 @@ def reauthored(model, max_context):
                                                   mask_cache_size=max_context)
 
 
-def tflite_bytes(model, config, scratch):
+def parts(model):
+    """{module path of the transformers model: the name patterns of its part of litert-torch's decoder}: an attention
+    and a feed-forward block per decoder layer, the embedding and lm_head (one weight where they are tied)."""
+    tied = [EMBEDDING, LOGITS] if model.config.tie_word_embeddings else None
+    found = {"model.embed_tokens": tied or [EMBEDDING], "lm_head": tied or [LOGITS]}
+    for index in range(model.config.num_hidden_layers):
+        found[f"model.layers.{index}.self_attn"] = [ATTENTION.format(index)]
+        found[f"model.layers.{index}.mlp"] = [FEED_FORWARD.format(index)]
+    return found
+
+
+def kept_float(model, entries):
+    """The name patterns of the parts quantize.exclude's entries (module paths or class names of the transformers
+    model) keep float: the parts they name or hold. An entry inside a part (a single projection: litert-torch fuses
+    the query, key and value projections into one) or holding none is one line."""
+    found, every = [], parts(model)
+    for path in exclusion.resolve(model, entries):
+        held = [patterns for name, patterns in every.items() if name == path or name.startswith(path + ".")]
+        if not held:
+            raise MobileBuildError(
+                f"{path}: LiteRT keeps whole parts of litert-torch's decoder float, not a module inside one or "
+                "outside them (its decoder fuses the query, key and value projections): name a decoder layer "
+                "(model.layers.0), its self_attn or mlp, model.embed_tokens or lm_head", field="quantize.exclude")
+        found += [pattern for patterns in held for pattern in patterns]
+    return list(dict.fromkeys(found))
+
+
+def float_tflite(model, config, scratch):
+    """The float .tflite from litert-torch's generative converter: its prefill and decode signatures."""
     # importing litert-torch prints absl's preamble and oneDNN's notice natively: inside converting(), they go
     with litert.converting(), torch.no_grad():
         with _tflite_schema_for_tensorflow():
@@ -132,10 +176,9 @@ def tflite_bytes(model, config, scratch):
         progress.note(f"converting with litert-torch's generative converter ({len(config.prompt_lengths)} prefill "
                       "signature(s) and decode)")
         try:
-            path = converter.convert_to_tflite(
-                decoder, scratch, "lm", sorted(config.prompt_lengths), config.max_context,
-                quantize=RECIPES[config.precision, config.group_size],
-                export_config=ExportConfig(output_logits_on_prefill=True))
+            path = converter.convert_to_tflite(decoder, scratch, "lm", sorted(config.prompt_lengths),
+                                               config.max_context, quantize=RECIPES["fp32", None],
+                                               export_config=ExportConfig(output_logits_on_prefill=True))
         except MobileBuildError:
             raise
         except Exception as exc:  # torch.export, the JAX lowering and the MLIR converter raise many types
@@ -143,6 +186,36 @@ def tflite_bytes(model, config, scratch):
                                             "model") from None
     with open(path, "rb") as handle:
         return handle.read()
+
+
+def quantized(data, config, keep_float=()):
+    """The float .tflite quantized as litert-torch's converter quantizes it for the precision (its recipe, translated
+    for ai-edge-quantizer, which it runs), the ops whose names match `keep_float` (kept_float's patterns) left
+    float."""
+    with litert.converting():
+        with _tflite_schema_for_tensorflow():
+            from litert_torch.generative.utilities import converter
+            from litert_torch.quantize import translate_recipe
+        from ai_edge_quantizer import algorithm_manager, qtyping, recipe_manager
+
+        recipe = converter.get_quant_recipe_from_flag(RECIPES[config.precision, config.group_size], None)
+        rules = recipe_manager.RecipeManager()
+        rules.load_quantization_recipe(translate_recipe.translate_to_ai_edge_recipe(recipe.generative_recipe))
+        for pattern in keep_float:
+            rules.add_quantization_config(pattern, qtyping.TFLOperationName.ALL_SUPPORTED,
+                                          algorithm_key=algorithm_manager.AlgorithmName.NO_QUANTIZE)
+        with quiet.quiet():  # its size and time lines, its progress bars
+            return bytes(translate_recipe.quantize_model(data, rules.get_quantization_recipe()))
+
+
+def tflite_bytes(model, config, scratch):
+    keep_float = kept_float(model, config.exclude)  # an entry it cannot keep: one line before converting
+    data = float_tflite(model, config, scratch)
+    if config.precision == "fp32":
+        return data
+    progress.note(f"quantizing with litert-torch's {RECIPES[config.precision, config.group_size]} recipe"
+                  + (f", {', '.join(config.exclude)} kept float" if config.exclude else ""))
+    return quantized(data, config, keep_float)
 
 
 def run(inputs, config, output):
