@@ -91,11 +91,14 @@ HUB = {
     "resnet10t": ("timm ResNet-10-T", timm_image("resnet10t")),
     "mobilevitv2_050": ("timm MobileViTv2-0.5 (separable attention)", timm_image("mobilevitv2_050", "adamw")),
     "edgenext_xx_small": ("timm EdgeNeXt-XXS (layer scale)", timm_image("edgenext_xx_small", "adamw")),
-    # QNNPACK's average pooling refuses the 1x1 window (stride 2) of the last downsampling's query; kept float, the
-    # query runs (18.7 dB on a random image with torch.ao's FX alone, the build's trained weights)
     "efficientformerv2_s0": ("timm EfficientFormerV2-S0", {
         **timm_image("efficientformerv2_s0", "adamw", img_size=IMAGE_SIZE),
-        "own": {"qnnpack": {"quantize": {"exclude": ["stages.3.downsample.attn.q"]}}}}),
+        "own": {"qnnpack": {"quantize": {"exclude": ["stages.3.downsample.attn.q"]}}},
+        "why": "QNNPACK's quantized average pooling refuses a 1x1 window, which the last downsampling's query "
+               "(stages.3.downsample.attn.q.pool: AvgPool2d(1, 2)) has: the build was refused with QNNPACK's own "
+               "'1x1 pooling is meaningless'. Excluding the pooling alone does not help (FX runs it on its quantized "
+               "input still); the whole query float runs: 18.7 dB with torch.ao's FX alone on a random image, the "
+               "build's trained weights; the build then verified at 28.9 dB"}),
     "convnextv2_atto": ("timm ConvNeXt-V2-Atto (GRN, layer scale)", timm_image("convnextv2_atto", "adamw")),
     "bert": ("transformers BERT encoder, sequence classifier, 2 layers x 64",
              text("AutoModelForSequenceClassification", {"model_type": "bert", **SMALL_TEXT})),
@@ -216,11 +219,15 @@ def merged(rows):
 
 
 def beyond_defaults(entry):
-    """What a HUB entry's recipe sets beyond timm_image's (model.batchnorm_stats, quantize's own settings), and its
-    `why`; None for an entry that sets nothing more."""
+    """What a HUB entry's recipe sets beyond timm_image's (model.batchnorm_stats, quantize's own settings, and where
+    it says why, its targets' own), and its `why`; None for an entry that sets nothing more. (The text models' own
+    dynamic int8 is the section's paragraph.)"""
     model = entry["model"]
     said = [f"`model.batchnorm_stats: {model['batchnorm_stats']}`"] if "batchnorm_stats" in model else []
     said += [f"`quantize.{key}: {json.dumps(value)}`" for key, value in entry.get("quantize", {}).items()]
+    own = entry.get("own", {}) if "why" in entry else {}
+    said += [f"`{column}` target's `quantize.{key}: {json.dumps(value)}`" for column, fields in own.items()
+             for key, value in fields.get("quantize", {}).items()]
     return f"{', '.join(said)}: {entry['why']}" if said else None
 
 
