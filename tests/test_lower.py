@@ -104,7 +104,6 @@ def test_xnnpack_fp32_runs_on_host_and_matches_eager(tmp_path):
     assert summary["delegates"] == {"XnnpackBackend": 1} and summary["fallback_calls"] == 0
 
 
-
 class TalkingHeads(nn.Module):
     """A 1x1 convolution, then softmax over the last dim: the pattern of timm's EfficientFormerV2 attention."""
 
@@ -131,7 +130,7 @@ class TimmAttention(nn.Module):
 
 def test_softmax_after_a_convolution_normalises_the_last_dim_not_the_channels(tmp_path):
     """ExecuTorch's XNNPACK delegate keeps a convolution's output NHWC through softmax unless told otherwise
-    (executorch_setup.softmax_in_nchw): then its rows did not sum to 1, 2.5 dB."""
+    (executorch_setup.softmax_in_nchw): then it normalised over the channels, and its rows did not sum to 1."""
     reference, output, _, _ = eager_and_program(tmp_path, TalkingHeads().eval(), NCHW)
     assert torch.allclose(output.sum(-1), torch.ones(1, 3, 16), atol=1e-5)
     assert sqnr_db(reference, output) > 60
@@ -146,6 +145,7 @@ def test_timm_efficientformer_v2_attention_keeps_fp32_precision_on_xnnpack(tmp_p
         nn.init.normal_(projection.conv.weight)  # sharp attention, as a trained model's
     reference, output, _, _ = eager_and_program(tmp_path, fused(model), {**NCHW, "shape": [1, 32, 4, 4]})
     assert sqnr_db(reference, output) > 60
+
 
 RUN_IN_A_FRESH_PROCESS = textwrap.dedent("""
     import os, sys, torch
