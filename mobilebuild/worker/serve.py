@@ -23,6 +23,9 @@ from mobilebuild.worker.progress import STARTED
 # recipe.
 _QUIET = [(FutureWarning, r"torch(\..*)?"), (DeprecationWarning, r"torch(\..*)?"), (Warning, r"torch\.ao\..*"),
           (UserWarning, r"torch\._utils")]
+# torch's own deprecations that Python attributes to another module: a deep copy of a pytree spec (torch.export's
+# graphs hold them) builds its LeafSpec in copyreg, and LeafSpec's class warns on construction
+_QUIET_MESSAGES = [(FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated")]
 
 
 _current_root = None
@@ -59,6 +62,8 @@ def run_stage(stage, inputs, config, output, root, task=None, module=None, confi
     with warnings.catch_warnings(), quiet.warnings_once(), reproducible.stage_session(), progress.working_on(task):
         for category, source in _QUIET:
             warnings.filterwarnings("ignore", category=category, module=source)
+        for category, message in _QUIET_MESSAGES:
+            warnings.filterwarnings("ignore", category=category, message=message)
         importlib.import_module(stage_module).run({role: Path(p) for role, p in inputs.items()}, settings, Path(output))
     reproducible.normalize_archive(output, root)
 
