@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from mobilebuild.engine import fetched
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker.stages import calibration, fuse, fx_quantize, modeling, quantize
+from mobilebuild.worker.stages import calibration, exclusion, fuse, fx_quantize, modeling, quantize
 
 INPUTS = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
 CALIBRATION = {"source": "random", "batches": 8, "seed": 0}
@@ -192,3 +192,28 @@ def test_a_model_without_stubs_builds_and_verifies_int8_on_qnnpack(project):
     assert "quantized in FX graph mode" in result.stdout
     verification = json.loads(project.artifact("tiny/verify-qnnpack.json").read_text())
     assert verification["status"] == "passed" and verification["metrics"]["sqnr_db"] > 15
+
+
+def test_an_engine_refusing_a_modules_operation_names_the_module_and_what_to_keep_float():
+    """timm's EfficientFormerV2 downsamples its attention's query with a 1x1 average pooling, which QNNPACK refuses;
+    keeping the pooling float fails the same (FX still feeds it its quantized input), the query float runs."""
+    from timm.models.efficientformer_v2 import Attention2dDownsample
+
+    torch.manual_seed(0)
+    # in a Sequential: the attention's own train() returns None, which timm's models never meet at the top
+    model = nn.Sequential(Attention2dDownsample(dim=16, key_dim=8, num_heads=2, attn_ratio=2, resolution=8,
+                                                out_dim=16)).eval()
+    specs = [{"name": "x", "shape": [1, 16, 8, 8], "dtype": "float32", "memory_format": "contiguous",
+              "distribution": {"uniform": {"low": 0, "high": 1}}}]
+
+    def images():
+        return ((torch.rand(1, 16, 8, 8),) for _ in range(2))
+
+    with pytest.raises(MobileBuildError) as caught:
+        quantize.static_any(model, "qnnpack", images, None, "quantize.calibration", specs, "model.timm")
+    assert caught.value.message.endswith(
+        "1x1 pooling is meaningless (at 0.q.pool (AvgPool2d)); keep the module holding it float (quantize.exclude: "
+        "[0.q]) or use another target"), caught.value.message
+    quantized, _ = quantize.static_any(model, "qnnpack", images, None, "quantize.calibration", specs, "model.timm",
+                                       exclusion.resolve(model, ["0.q"]))
+    assert quantized(torch.rand(1, 16, 8, 8)).shape == (1, 16, 4, 4)

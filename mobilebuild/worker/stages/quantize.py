@@ -13,7 +13,7 @@ from torch.ao import quantization as tq
 from torch.overrides import TorchFunctionMode
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import quiet
+from mobilebuild.worker import failures, quiet
 from mobilebuild.worker.stages import calibration, exclusion, fuse, fx_quantize, modeling
 
 GRAPH_MODE = "graph_mode"  # marks a stored state_dict of an FX graph-mode model
@@ -249,7 +249,8 @@ def check_runs(model, specs, engine, field):
         if said:  # the engine's own reason ("scale ratio must be in [2**-14, 2**8) range"): its limit, not a gap
             reason = said[0].strip().removeprefix("Error in QNNPACK: ")
             where = f" in {_call_name(watcher.failed)}" if watcher.failed is not None else ""
-            raise MobileBuildError(f"the quantized model fails on the {engine} engine{where}: {reason}",
+            raise MobileBuildError(f"the quantized model fails on the {engine} engine{where}: {reason}"
+                                   f"{_keep_float_advice(failures.model_part(exc.__traceback__))}",
                                    field=field) from None
         if watcher.failed is None:
             raise MobileBuildError(f"the quantized model fails on the {engine} engine: {detail}",
@@ -258,6 +259,17 @@ def check_runs(model, specs, engine, field):
             f"the quantized model fails on the {engine} engine in {_call_name(watcher.failed)} ({detail}): an "
             "operation on quantized tensors without a quantized kernel; use torch.ao.nn.quantized.FloatFunctional "
             "for +, * and cat, or a DeQuantStub before it", field=field) from None
+
+
+def _keep_float_advice(part):
+    """What to keep float where the engine refuses a module's operation: the module holding it, since FX graph mode
+    still feeds a module kept float alone its quantized input (timm's EfficientFormerV2: QNNPACK refuses its query's
+    1x1 average pooling; the pooling float fails the same, the whole query float runs)."""
+    if part is None:
+        return ""
+    path = part.split(" (")[0]
+    holder = path.rpartition(".")[0] or path
+    return f" (at {part}); keep the module holding it float (quantize.exclude: [{holder}]) or use another target"
 
 
 def stored_state(quantized, engine, field):
