@@ -10,9 +10,11 @@ LLM runner (its Python binding, the byte tokenizer: worker/llm_runner.py), which
     python benchmarks/llm_vs_export_llm.py [SCRATCH_DIR]
 
 export_llm's logits are checked against eager first, so a bad weight mapping cannot pass for a fast artifact.
-Prints one line per artifact and the ratio ours / export_llm's.
+Rows take turns, five rounds of each; prints one line per artifact (the medians of its rounds) and the ratio
+ours / export_llm's.
 """
 
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +34,9 @@ from mobilebuild.worker.runtimes import executorch as et_runtime  # noqa: E402
 from mobilebuild.worker.stages import lm_bench, lm_lower  # noqa: E402
 
 RECIPE = "examples/llm/pydoc_lm.yaml"
-RUNS, WARMUP = 10, 2
+# Each row is timed ROUNDS times, the rows taking turns (so a change in the machine's load touches all alike), RUNS
+# generations after WARMUP each time; a row's figure is the median of its rounds'
+ROUNDS, RUNS, WARMUP = 5, 4, 1
 RUNNER = "  the same, LLM runner"
 OURS = (("fp32", "xnnpack-executorch"), ("8da4w", "xnnpack-executorch-8da4w"))  # the recipe's targets
 
@@ -45,7 +49,7 @@ def export_by_hand(model, generate, precision, scratch):
 
 def timed(generator, length, new_tokens, tokenizer):
     """(TTFT ms, decode tokens/s): medians over RUNS after WARMUP; `generator`: a generator (worker/lm.py) or the
-    path of a program for ExecuTorch's LLM runner (with the byte tokenizer's file)."""
+    path of a program for ExecuTorch's LLM runner (with the byte tokenizer's file). One round of a row."""
     if isinstance(generator, Path):
         found = llm_runner.time_on_host(generator, tokenizer, [length], new_tokens, WARMUP, RUNS)[str(length)]
     else:
@@ -88,8 +92,12 @@ def main():
                  ("transformers static cache", precision, et_runtime.Generator(static), len(static))]
     results = {}
     for length in generate["prompt_lengths"]:
-        for name, precision, generator, size in rows:
-            ttft, rate = timed(generator, length, generate["new_tokens"], tokenizer)
+        rounds = {(name, precision): [] for name, precision, _, _ in rows}
+        for _ in range(ROUNDS):
+            for name, precision, generator, _ in rows:
+                rounds[name, precision].append(timed(generator, length, generate["new_tokens"], tokenizer))
+        for name, precision, _, size in rows:
+            ttft, rate = (statistics.median(values) for values in zip(*rounds[name, precision]))
             results[(name, precision, length)] = (ttft, rate)
             print(f"{name:28s} {precision:6s} prompt {length:3d}: TTFT {ttft:7.3f} ms, decode {rate:8.1f} tokens/s"
                   + (f", {size / 1e6:.3f} MB" if size else ""))
