@@ -228,9 +228,8 @@ def int8_notes(reference, calibrated):
 
 def still_channels_note(still, folded=None):
     """One sentence on batch norm that amplifies int8 rounding ({path: gain}, fuse.still_channels); `folded`: {path:
-    the convolution it is folded into} (fuse.folded_into), which is what `quantize.exclude` must name to keep it
-    float (a folded batch norm's own path then holds an identity: excluding it changed nothing, timm's mnasnet_small
-    12.4 dB either way, its convolution float 27.0 dB)."""
+    the convolution it is folded into} (fuse.folded_into): the module that computes it once fused, named so the user
+    sees what `quantize.exclude` keeps float (exclusion.resolve maps a folded batch norm's own path to it too)."""
     folded = folded or {}
     ranked = sorted(still, key=still.get, reverse=True)
     computing = list(dict.fromkeys(folded.get(path, path) for path in ranked))
