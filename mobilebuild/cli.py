@@ -26,6 +26,9 @@
                                          the shared artifact cache ($MOBILEBUILD_CACHE, default ~/.cache/mobilebuild;
                                          $MOBILEBUILD_CACHE_SIGNING_KEY signs entries,
                                          $MOBILEBUILD_CACHE_TRUSTED_KEYS checks them, $MOBILEBUILD_CACHE_READ_ONLY=1)
+    mobilebuild arm64 setup|status       make (or show) the emulated aarch64 environment that runs each CPU artifact
+                                         on ARM CPU models (QEMU user mode; docs/arm64.md); builds plan ARM nodes
+                                         where it exists
     mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
     mobilebuild check RECIPE [--json] [--target ID]
                                          pre-flight: each target built up to its artifact by the build's own tasks
@@ -197,6 +200,11 @@ def main(argv=None):
         return tune_command(args[1:])
     if args[:1] == ["validate"]:
         return validate(args[1:])
+    if args[:1] == ["arm64"]:
+        from mobilebuild.arm64.command import arm64_command
+        from mobilebuild.plan import routes
+
+        return arm64_command(args[1:], routes.arm64_runtimes())
     if args[:1] == ["bench"]:
         return bench(args[1:])
     if args[:1] == ["release"]:

@@ -106,8 +106,12 @@ def task_verified():
     for node in project_nodes(os.getcwd()):
         if node.stage == "manifest":
             results = node.config["verification"]  # target -> its verify result
-            yield {"name": node.recipe, "actions": [(check_verified, [results, node.recipe_file])],
-                   "io": output_capture(), "file_dep": list(results.values()),
+            # and its results on emulated ARM CPUs: a target that passes here and fails on an ARM CPU fails its gate
+            on_arm = [(target, path) for target, cpus in (node.config.get("arm64") or {}).items()
+                      for path in cpus.values()]
+            yield {"name": node.recipe, "actions": [(check_verified, [[*results.items(), *on_arm],
+                                                                      node.recipe_file])],
+                   "io": output_capture(), "file_dep": [*results.values(), *(path for _, path in on_arm)],
                    "doc": f"fails if an artifact of {node.recipe_file} failed verification"}
 
 

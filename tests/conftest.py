@@ -22,6 +22,13 @@ def private_artifact_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_arm64_environment(tmp_path_factory):
+    """The tests' builds plan no node on emulated ARM CPUs, whatever `mobilebuild arm64 setup` made on this machine:
+    the tests of those nodes make an environment of their own (tests/test_arm64.py)."""
+    os.environ["MOBILEBUILD_ARM64_HOME"] = str(tmp_path_factory.mktemp("no-arm64"))
+
+
+@pytest.fixture(scope="session", autouse=True)
 def private_measure_lock(private_artifact_cache, tmp_path_factory):
     """The tests' stages and measurements take a measure-alone lock of their own (worker/measure_alone.py keeps it
     in the temporary folder, shared by every build of this user on this host): a benchmark of another checkout's

@@ -18,11 +18,11 @@ from mobilebuild.results import release
 
 
 def check_verified(results, recipe_file):
-    """verified:<recipe>: one line per target whose verification failed ({target: result path}), or None. A
-    verification below its thresholds is a result, recorded in the manifest and the report; this is what makes
-    the build fail for it."""
+    """verified:<recipe>: one line per target whose verification failed ([(target, result path)]: on this host, and
+    on each emulated ARM CPU), or None. A verification below its thresholds is a result, recorded in the manifest
+    and the report; this is what makes the build fail for it."""
     failed = []
-    for target, path in results.items():
+    for target, path in results:
         with open(path) as handle:
             result = json.load(handle)
         if result["status"] == "failed":

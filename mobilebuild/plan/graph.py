@@ -6,7 +6,7 @@ is `Node.key`: its stage, its settings and the toolchain versions; doit tracks i
 """
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import generation, routes, stages
+from mobilebuild.plan import arm64, generation, routes, stages
 from mobilebuild.plan.chain import (
     ARTIFACTS_DIR,
     CHAIN,
@@ -68,6 +68,7 @@ def recipe_nodes(recipe, root):
                                    {"checkpoint": checkpoint}, f"{out}/bench-eager.json", files=factory_files)
     results = [eager_bench]
     targets = []
+    emulated = arm64.current() if recipe.verify.get("arm64", {}) is not False else None
 
     problems = []
     for target in recipe.targets:
@@ -113,6 +114,7 @@ def recipe_nodes(recipe, root):
         layers = _layers(chain, verification, verification_files)
         if layers is not None:
             results.append(layers)
+        results.extend(_arm64(chain, emulated, runtime, verification, verification_files, fixed))
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
                         "device_only": route.runs.device_only, "delegate": final.config.get("delegate"),
@@ -133,7 +135,8 @@ def recipe_nodes(recipe, root):
             benchmarks={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
                         if n.stage in ("bench", generation.BENCH)},
             layers={n.name.removeprefix(f"{recipe.name}-"): n.output for n in results
-                    if n.stage in ("layers", generation.LAYERS)} or None),
+                    if n.stage in ("layers", generation.LAYERS)} or None,
+            arm64=_arm64_results(recipe, results) or None),
         {n.task_name: n for n in artifacts + results}, f"{out}/manifest.json")
     plot = checked_node(recipe, "plot", recipe.name, stages.PlotConfig(recipe=recipe.name), {"manifest": manifest},
                         f"{ARTIFACTS_DIR}/plots/{recipe.name}.png")
@@ -180,6 +183,37 @@ def _layers(chain, verification, files):
     if route.checks.layers is None:
         return None
     return route.checks.layers(chain, layers_common(chain, verification), files)
+
+
+def _arm64(chain, environment, runtime, verification, files, fixed):
+    """The target's nodes on each emulated ARM CPU of verify.arm64: a CPU artifact of a runtime the environment
+    has (`mobilebuild arm64 setup`), none where there is no environment."""
+    route, recipe = chain.route, chain.recipe
+    if environment is None or not route.runs_on_host or route.runs.name not in environment["runtimes"]:
+        return []
+    settings = recipe.verify.get("arm64") or {}
+    common = {key: verification[key] for key in ("samples", "seed", "thresholds", "evaluation", "calibration")
+              if key in verification}
+    common["samples"] = settings.get("samples", arm64.DEFAULT_SAMPLES)
+    final = chain.nodes[route.final_stage]
+    return [chain.node("arm64", f"{recipe.name}-{chain.target.id}-{cpu}", stages.Arm64Config(
+                runtime=runtime["runtime"], runtime_module=runtime["runtime_module"], engine=runtime["engine"],
+                runner=environment["runtimes"][route.runs.name]["runner"], cpu=cpu,
+                emulator=arm64.emulator(environment, cpu, route.runs.name), inputs=recipe.inputs, model=chain.source,
+                precision=chain.precision, outputs=recipe.outputs, fixed_shape=fixed, **common),
+                {"artifact": final, "checkpoint": chain.nodes.get("prune") or chain.nodes["checkpoint"]},
+                f"{chain.out}/arm64-{chain.target.id}-{cpu}.json", files=files, fields=chain.fields,
+                describes={"target": chain.target.id})
+            for cpu in settings.get("cpus", arm64.DEFAULT_CPUS)]
+
+
+def _arm64_results(recipe, results):
+    """{target: {CPU model: its arm64 result}}."""
+    found = {}
+    for node in results:
+        if node.stage == "arm64":
+            found.setdefault(node.describes["target"], {})[node.settings.cpu] = node.output
+    return found
 
 
 def layers_common(chain, verification):

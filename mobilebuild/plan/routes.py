@@ -37,6 +37,18 @@ class Int8:
 
 
 @dataclass(frozen=True)
+class Arm64:
+    """How a runtime's artifacts run in the emulated aarch64 Python (plan/arm64.py): its runner there, a module of
+    mobilebuild.worker.guest, and the aarch64 wheels it needs (pinned to the host's versions by the setup). `setup`:
+    "module:function" the setup calls after installing them, (sysroot, site, work) -> ["NAME=value" environment
+    entries the emulated process needs], or None."""
+
+    runner: str
+    wheels: tuple
+    setup: str | None = None
+
+
+@dataclass(frozen=True)
 class Runtime:
     """Where a route's artifacts run, and what people are told about them."""
 
@@ -48,6 +60,7 @@ class Runtime:
     packages: tuple = ()  # the packages besides torch whose versions shape the artifact
     package: str | None = None  # the one that names the runtime's version in `mobilebuild check`'s header
     structure: Callable | None = None  # verify's host facts about the artifact -> one line for the report
+    arm64: Arm64 | None = None  # how its artifacts run on emulated ARM CPUs; None: they do not
 
     @property
     def module_path(self):
@@ -237,6 +250,11 @@ def distributions():
 def runtime_packages():
     """The packages that name the registered runtimes' versions (torch first)."""
     return tuple(dict.fromkeys(("torch", *(r.runs.package for r in _ROUTES.all() if r.runs.package))))
+
+
+def arm64_runtimes():
+    """{runtime name: Arm64} of every runtime whose artifacts run on emulated ARM CPUs."""
+    return {route.runs.name: route.runs.arm64 for route in _ROUTES.all() if route.runs.arm64 is not None}
 
 
 def families():

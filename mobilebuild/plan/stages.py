@@ -97,6 +97,30 @@ class VerifyConfig:
 
 
 @dataclass(frozen=True)
+class Arm64Config:
+    """A CPU artifact on one emulated ARM CPU (worker/stages/arm64.py): verification's data and thresholds, the
+    host runtime that runs it here for comparison, its runner in the emulated Python, and what keys the emulation
+    (plan.arm64.emulator)."""
+
+    runtime: str
+    runtime_module: str
+    runner: str  # a module of mobilebuild.worker.guest
+    engine: str | None
+    cpu: str  # a name of plan.arm64.CPUS
+    emulator: dict
+    inputs: list  # the inputs' specs (plan.recipe.input_specs)
+    model: ModelSource
+    precision: str
+    samples: int
+    seed: int
+    thresholds: dict
+    evaluation: dict | str | None = None
+    calibration: dict | None = None
+    outputs: list | None = None
+    fixed_shape: str | None = None
+
+
+@dataclass(frozen=True)
 class LayersConfig:
     # the dotted path of the worker-side module that compares (its `compare` hook: worker/stages/layers.py):
     # mobilebuild.worker.layers.eager (the quantize stage's model, eager or FX graph mode), .pt2e (ExecuTorch), .onnx
@@ -146,6 +170,7 @@ class ManifestConfig:
     verification: dict  # target -> its verify result
     benchmarks: dict  # target -> its bench result
     layers: dict | None = None  # target -> its per-layer comparison (int8 artifacts the host runs)
+    arm64: dict | None = when_set()  # target -> {CPU model: its result on that emulated ARM CPU}
 
 
 @dataclass(frozen=True)
@@ -283,6 +308,10 @@ for _stage in (
     Stage("bench", BenchConfig, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint",)},
           "Time each artifact, and the eager fp32 baseline, in a process of its own; device runs where attached.",
           "#ead1dc", measures=True),
+    Stage("arm64", Arm64Config, {"artifact": (SHIPPED,), "checkpoint": ("checkpoint", "prune")},
+          "Run each CPU artifact on emulated ARM CPUs in its runtime's aarch64 wheel: verified at the recipe's "
+          "thresholds, compared with this host's run, instructions per inference counted.", "#cfe2f3",
+          recipe_fields={"seed": "verify.seed", "samples": "verify.arm64.samples", "cpu": "verify.arm64.cpus"}),
     Stage("layers", LayersConfig, {"model": ("fuse",), "quantized": ("quantize",), "artifact": (SHIPPED,)},
           "Per-layer error of each int8 artifact the host runs: its layers against the float model's, each fed "
           "the float model's inputs, the worst first.", "#e4d7ee",

@@ -21,6 +21,7 @@ from urllib.parse import quote
 from mobilebuild.plan import routes
 from mobilebuild.plan.routes import mapping as _dict  # a level of an untrusted file: a dict, or an empty one
 from mobilebuild.plan.routes import text as _text  # a fact as a cell: NONE where absent
+from mobilebuild.results import report_arm64
 
 TITLE = "mobilebuild report"
 EAGER = "eager"  # the benchmarks key of the eager fp32 baseline
@@ -79,6 +80,7 @@ class Row:
     status: str  # the state as shown
     target: dict = field(default_factory=dict)  # the manifest's entry (pruning, quantization); empty for eager
     reason: str | None = None  # why it has that state, where the manifest says
+    arm64: dict = field(default_factory=dict)  # {CPU model: its result on that emulated ARM CPU} (report_arm64)
 
     @property
     def median_ms(self):
@@ -141,7 +143,8 @@ def table_rows(manifest):
         state, shown, reason = _status(target, verification)
         rows.append(Row(label, target.get("backend"), target.get("runtime"),
                         target.get("precision") or _get(verification, "precision"), _target_bytes(target, manifest),
-                        _dict(benchmarks.get(label)), verification, state, shown, target, reason))
+                        _dict(benchmarks.get(label)), verification, state, shown, target, reason,
+                        report_arm64.results(manifest, label)))
     return rows
 
 
@@ -291,6 +294,8 @@ class Section:
     no_plots: str | None = None
     layers: Table | None = None  # per int8 target, the layers that add the most error (worker/stages/layers.py)
     layers_notes: list[str] = field(default_factory=list)  # how each target's layers were compared, what failed
+    arm64: Table | None = None  # each CPU artifact on emulated ARM CPUs (report_arm64)
+    arm64_notes: list[str] = field(default_factory=list)
     generation: Table | None = None  # a language model's (generate:) token-by-token results, eager first
 
 
@@ -435,6 +440,9 @@ def shortfall(row):
         return f"FAILED ({', '.join(missed)})" if missed else "FAILED"
     if row.state != "passed":
         return row.status
+    on_arm = report_arm64.failed(row.arm64)
+    if on_arm:
+        return f"FAILED {on_arm}"
     if row.median_ms is None:
         return "no host benchmark"
     used = _dict(_get(row.verification, "thresholds"))
@@ -517,6 +525,7 @@ def recommend(rows):
         lines.append(f"Ship {best.label} ({_runs_on(best)}): the fastest of {len(candidates)} artifact(s) verified "
                      f"on this host that pass the default thresholds{timed}; {_pitch(best, eager)}.")
         lines.append(_host_caveat(candidates))
+        lines += report_arm64.ranking(candidates)
         tied = [row for row in candidates[1:] if _overlap(best, row)]
         if tied:
             lines.append(f"Not told apart by this run: {best.label} and "
@@ -583,6 +592,7 @@ def _failures(rows):
         if row.state == "failed" and not messages:
             reason = row.target.get("reason") or _get(row.verification, "reason")
             messages = [str(reason or "no failure message in the manifest")]
+        messages += [str(m) for result in row.arm64.values() for m in result.get("failures") or []]
         found.extend(f"{row.label}: {message}" for message in messages)
     return found
 
@@ -694,6 +704,8 @@ def _section(manifest):
     section = Section(recipe, rows, about, recommend(rows), _main_table(rows), _details_table(rows),
                       _failures(rows), _notes(rows))
     section.layers, section.layers_notes = _layers(manifest, rows)
+    section.arm64 = report_arm64.table(rows[1:], Table, Column)
+    section.arm64_notes = report_arm64.notes(rows[1:])
     section.generation = _generation(rows)
     if any(row.median_ms is not None for row in rows):
         section.plot = plot_name(recipe)

@@ -2,6 +2,7 @@
 
 import html
 
+from mobilebuild.results import report_arm64
 from mobilebuild.results.report_data import (
     GENERATION_TITLE,
     LAYERS_TITLE,
@@ -98,6 +99,9 @@ def render(report):
             out += _table(section.details) + ["</details>"]
         if section.generation:
             out += [f"<h3>{e(GENERATION_TITLE)}</h3>"] + _table(section.generation)
+        if section.arm64:
+            out += [f"<h3>{e(report_arm64.TITLE)}</h3>"] + _table(section.arm64)
+            out += ['<ul class="notes">'] + [f"<li>{e(note)}</li>" for note in section.arm64_notes] + ["</ul>"]
         if section.layers or section.layers_notes:
             out += ["<details>", f"<summary>{e(LAYERS_TITLE)}</summary>"]
             out += _table(section.layers) if section.layers else []

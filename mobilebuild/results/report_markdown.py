@@ -1,5 +1,6 @@
 """report.md: the report (report_data) in Markdown. No torch here."""
 
+from mobilebuild.results import report_arm64
 from mobilebuild.results.report_data import GENERATION_TITLE, LAYERS_TITLE, TITLE, plot_href, plot_title
 
 
@@ -16,10 +17,15 @@ def _list(items):
     return [f"- {_one_line(item)}" for item in items]
 
 
-def _table(table):
-    lines = ["| " + " | ".join(_cell(h) for h in table.header) + " |",
+def _table(table, header=None):
+    lines = ["| " + " | ".join(_cell(h) for h in header or table.header) + " |",
              "|" + "|".join("---:" if numeric else "---" for numeric in table.numeric) + "|"]
     return lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in table.cells] + [""]
+
+
+def _arm64_table(table):
+    """Markdown has no grouped headings: each CPU model's columns carry its name."""
+    return _table(table, [f"{column.group} {column.name}".strip() for column in table.columns])
 
 
 def render(report):
@@ -38,6 +44,9 @@ def render(report):
             lines += ["**Details:**", ""] + _table(section.details)
         if section.generation:
             lines += [f"**{GENERATION_TITLE}:**", ""] + _table(section.generation)
+        if section.arm64:
+            lines += [f"**{report_arm64.TITLE}:**", ""] + _arm64_table(section.arm64)
+            lines += _list(section.arm64_notes) + [""]
         if section.layers or section.layers_notes:
             lines += [f"**{LAYERS_TITLE}:**", ""] + (_table(section.layers) if section.layers else [])
             lines += _list(section.layers_notes) + [""]

@@ -6,7 +6,7 @@ mobilebuild.worker.stages.litert, mobilebuild.worker.runtimes.litert, mobilebuil
 from dataclasses import dataclass
 
 from mobilebuild.plan import generation, stages
-from mobilebuild.plan.routes import Checks, Generation, Int8, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan.routes import Arm64, Checks, Generation, Int8, Route, Runtime, Section, mapping, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 from mobilebuild.routes.torchscript import TORCH_OBSERVERS
@@ -194,7 +194,7 @@ CHECKS = Checks(preflight=preflight, outputs=outputs)
 
 def runtime(device_only=None):
     return Runtime("litert", FAMILY, device_only=device_only, fixed_shapes=FIXED, packages=PACKAGES,
-                   package="ai-edge-litert", structure=structure)
+                   package="ai-edge-litert", structure=structure, arm64=Arm64("litert", ("ai-edge-litert",)))
 
 
 register(Route("xnnpack", "litert", ("fp32", "int8"), ("litert",), ".tflite",

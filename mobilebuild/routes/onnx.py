@@ -5,7 +5,7 @@ side: mobilebuild.worker.stages.export, mobilebuild.worker.runtimes.onnxruntime.
 from dataclasses import dataclass
 
 from mobilebuild.plan import generation, stages
-from mobilebuild.plan.routes import Checks, Generation, Int8, Route, Runtime, Section, register, text
+from mobilebuild.plan.routes import Arm64, Checks, Generation, Int8, Route, Runtime, Section, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 
@@ -105,7 +105,8 @@ stages.register(stages.Stage(
 
 register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
                "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
-               Runtime("onnxruntime", "ONNX Runtime", packages=PACKAGES, package="onnxruntime", structure=structure),
+               Runtime("onnxruntime", "ONNX Runtime", packages=PACKAGES, package="onnxruntime", structure=structure,
+                       arm64=Arm64("onnxruntime", ("onnxruntime",))),
                int8=Int8("final", observers=ORT_OBSERVERS, modes=MODES), section=Section("onnx", SCHEMA),
                default=True,
                generation=Generation("lm_onnx", ("fp32", "int8", "int4"), layers="mobilebuild.worker.layers.lm_onnx"),

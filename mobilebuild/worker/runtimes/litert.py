@@ -16,6 +16,7 @@ import numpy
 import torch
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker.guest import litert as guest
 from mobilebuild.worker.quiet import native_stderr
 from mobilebuild.worker.stages import modeling
 
@@ -23,7 +24,7 @@ from mobilebuild.worker.stages import modeling
 # deprecated XNNPACK flag it sets itself. They say nothing about the model.
 NOTES = (b"INFO: Created TensorFlow Lite XNNPACK delegate", b"ERROR: Subgraph reshaping is enabled by default",
          b"WARNING: All log messages before absl::InitializeLog()", b"INFO: Initialized TensorFlow Lite runtime")
-INTEGER_IO = (numpy.int8, numpy.uint8, numpy.int16)
+INTEGER_IO = guest.INTEGER_IO
 
 
 def threads_for(config):
@@ -52,21 +53,12 @@ def interpreter(source, threads=1, preserve=False):
 
 
 def to_model(value, detail):
-    """A tensor as the model's input `detail` takes it: its dtype, int8 quantized with its scale and zero point."""
-    array = value.detach().cpu().contiguous().numpy()
-    dtype = detail["dtype"]
-    scale, zero_point = detail["quantization"]
-    if dtype in INTEGER_IO and scale:
-        info = numpy.iinfo(dtype)
-        return numpy.clip(numpy.round(array / scale + zero_point), info.min, info.max).astype(dtype)
-    return array.astype(dtype, copy=False)
+    """A tensor as the model's input `detail` takes it (guest.litert.to_model)."""
+    return guest.to_model(value.detach().cpu().contiguous().numpy(), detail)
 
 
 def from_model(array, detail):
-    scale, zero_point = detail["quantization"]
-    if detail["dtype"] in INTEGER_IO and scale:
-        array = (array.astype(numpy.float32) - zero_point) * scale
-    return torch.from_numpy(numpy.array(array))
+    return torch.from_numpy(guest.from_model(array, detail))
 
 
 class LitertModel:

@@ -13,6 +13,7 @@ import onnxruntime
 import torch
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker.guest.onnxruntime import session_options
 from mobilebuild.worker.stages import modeling
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -22,16 +23,6 @@ INTEGER_OPS = ("ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "MatMulI
 
 def threads_for(config):
     return int((getattr(config, "timing", None) or {}).get("threads") or 1)
-
-
-def session_options(threads):
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
-    options.use_deterministic_compute = True
-    options.log_severity_level = 3  # errors only: ONNX Runtime warns on stderr about things that are not ours
-    return options
 
 
 class OnnxModel:

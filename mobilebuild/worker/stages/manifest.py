@@ -71,6 +71,10 @@ def run(inputs, config, output):
     }
     if config.layers:  # the per-layer comparisons of int8 artifacts (worker/stages/layers.py)
         document["layers"] = {k: v for k, v in layers.items() if v is not None}
+    if config.arm64:  # each CPU artifact on emulated ARM CPUs (worker/stages/arm64.py)
+        document["arm64"] = {target: found for target, cpus in config.arm64.items()
+                             if (found := {cpu: result for cpu, path in cpus.items()
+                                           if (result := read_result(path, subjects[target])) is not None})}
     with open(output, "w") as handle:
         json.dump(document, handle, indent=2, sort_keys=True)
         handle.write("\n")

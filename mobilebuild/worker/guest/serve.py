@@ -1,0 +1,86 @@
+"""The emulated process's request loop: `python -m mobilebuild.worker.guest.serve REPLY_FD`, under qemu-aarch64.
+
+One process serves every artifact of its CPU model in a build (worker/emulated.py keeps it): the runtimes' imports
+cost tens of seconds under emulation, the runs seconds. A request (a JSON line on stdin) names a runner module of
+this package, an artifact and its inputs (.npy files, one list per run); the reply (a JSON line on REPLY_FD, away
+from what native code prints) names the outputs it saved and, where the instruction-count plugin is loaded, the
+instructions each run took. Each run is marked before and after (close() of a negative descriptor, which the
+plugin watches), after one unmarked run of the first inputs: the first run of a model packs weights and plans
+memory, which an app pays once.
+"""
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy
+
+MARK = -19778  # the descriptor the plugin watches (mobilebuild/arm64/instructions.c)
+
+
+def mark():
+    try:
+        os.close(MARK)
+    except OSError:
+        pass
+
+
+def marks(path, start):
+    """The totals the plugin wrote from line `start` on, and how many lines there are now."""
+    if not path:
+        return [], start
+    with open(path) as handle:
+        lines = handle.read().split()
+    return [int(value) for value in lines[start:]], len(lines)
+
+
+def serve(request, counts, seen):
+    runner = importlib.import_module(f"{__package__}.{request['runner']}")
+    started = time.perf_counter()
+    mark()
+    model = runner.load(request["artifact"], request.get("threads", 1))
+    mark()
+    loaded = time.perf_counter()
+    runs = [[numpy.load(path) for path in paths] for paths in request["inputs"]]
+    model(runs[0])  # the first run, unmarked: weight packing and memory plans
+    first = time.perf_counter()
+    saved = []
+    for index, arrays in enumerate(runs):
+        mark()
+        produced = model(arrays)
+        mark()
+        names = []
+        for position, array in enumerate(produced):
+            names.append(os.path.join(request["out"], f"output-{index}-{position}.npy"))
+            numpy.save(names[-1], numpy.asarray(array))
+        saved.append(names)
+    done = time.perf_counter()
+    totals, seen = marks(counts, seen)
+    pairs = list(zip(totals[::2], totals[1::2]))
+    return {"outputs": saved, "load_instructions": pairs[0][1] - pairs[0][0] if pairs else None,
+            "instructions": [after - before for before, after in pairs[1:]] if pairs else None,
+            "seconds": {"load": loaded - started, "first_run": first - loaded, "per_run": (done - first) / len(runs),
+                        "total": done - started}}, seen
+
+
+def main():
+    reply = os.fdopen(int(sys.argv[1]), "w")
+    counts = os.environ.get("MOBILEBUILD_INSTRUCTIONS_FILE")
+    _, seen = marks(counts, 0)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            answer, seen = serve(request, counts, seen)
+        except Exception as exc:  # the reply carries it: the build names it in one line, its log holds the rest
+            _, seen = marks(counts, seen)
+            answer = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                      "traceback": traceback.format_exc()}
+        reply.write(json.dumps(answer) + "\n")
+        reply.flush()
+
+
+if __name__ == "__main__":
+    main()
