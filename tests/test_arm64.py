@@ -10,6 +10,7 @@ from conftest import tiny_recipe
 
 from mobilebuild.arm64 import setup
 from mobilebuild.engine.actions import check_verified
+from mobilebuild.errors import RecipeErrors
 from mobilebuild.plan import arm64, graph, recipe, routes
 from mobilebuild.results import report_data
 
@@ -63,9 +64,19 @@ def test_each_cpu_artifact_of_a_runtime_the_environment_has_runs_on_each_default
 def test_a_recipe_names_its_cpus_and_samples_or_turns_them_off(tmp_path, environment):
     fake_environment(environment)
     asked = arm64_nodes(tmp_path / "a", tiny_recipe(targets=[{"backend": "onnx"}],
-                                                     verify={"arm64": {"cpus": ["armv9-sme"], "samples": 3}}))
-    assert list(asked) == ["arm64:tiny-onnx-armv9-sme"] and asked["arm64:tiny-onnx-armv9-sme"].config["samples"] == 3
+                                                     verify={"arm64": {"cpus": ["cortex-a76"], "samples": 3}}))
+    assert list(asked) == ["arm64:tiny-onnx-cortex-a76"] and asked["arm64:tiny-onnx-cortex-a76"].config["samples"] == 3
     assert arm64_nodes(tmp_path / "b", tiny_recipe(targets=[{"backend": "onnx"}], verify={"arm64": False})) == {}
+
+
+def test_the_sme_cpu_is_refused_on_a_qemu_that_emulates_sme_wrongly(tmp_path, environment):
+    sme = tiny_recipe(targets=[{"backend": "onnx"}], verify={"arm64": {"cpus": ["armv9-sme"]}})
+    found = fake_environment(environment)
+    with pytest.raises(RecipeErrors, match=r"recipes/r.yaml: verify.arm64.cpus: armv9-sme needs QEMU 8.2.3 or newer, "
+                                           r"this is 7.2.22: QEMU before 8.2.3 computes SME's int8 outer product"):
+        arm64_nodes(tmp_path / "a", sme)
+    setup.store_current(environment, {**found, "qemu": "9.0.0"})
+    assert list(arm64_nodes(tmp_path / "b", sme)) == ["arm64:tiny-onnx-armv9-sme"]
 
 
 def test_an_unknown_cpu_model_is_one_line_naming_the_field(tmp_path, environment):

@@ -4,6 +4,7 @@ engine (doit) layer never torch, nor what runs the build's tasks through it (tas
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,10 @@ def test_the_cycle_check_finds_a_cycle_that_lazy_imports_hide(tmp_path):
                             "mobilebuild.cli", "mobilebuild.routes")),
     ("mobilebuild.results", ("torch", "doit", "mobilebuild.routes")),
     ("mobilebuild.preflight", ("mobilebuild.routes",)),
+    # the emulated aarch64 environment's set-up runs before torch matters, on the host
+    ("mobilebuild.arm64", ("torch", "doit", "mobilebuild.engine", "mobilebuild.worker", "mobilebuild.results",
+                           "mobilebuild.routes", "mobilebuild.preflight", "mobilebuild.tune", "mobilebuild.tasks",
+                           "mobilebuild.cli")),
     # a route family registers itself in the plan layer; its worker-side code runs in the worker, named by string
     ("mobilebuild.routes", ("torch", "doit", "mobilebuild.engine", "mobilebuild.results", "mobilebuild.preflight",
                             "mobilebuild.tune", "mobilebuild.tasks", "mobilebuild.cli")),
@@ -201,3 +206,21 @@ def test_the_plan_layer_names_no_code_of_ours_to_import_by_string():
         named = {text for text in strings if re.fullmatch(r"mobilebuild(\.\w+)+(:[\w.]+)?", text)
                  and not text.startswith(allowed)}
         assert named == set(), name
+
+
+# Runs in the emulated aarch64 Python, which has the runtimes' wheels and numpy only (worker/guest/__init__.py)
+GUEST_TORCH = ("mobilebuild.worker.guest.pytorch_mobile", "mobilebuild.worker.guest.executorch")
+
+
+def test_code_for_the_emulated_python_imports_nothing_it_lacks():
+    """Nothing of mobilebuild (its dependencies are not there), torch only in the runners of torch's artifacts."""
+    allowed = {"numpy", "onnxruntime", "ai_edge_litert", "executorch"}
+    offending = {}
+    for name, path in MODULES.items():
+        if not name.startswith("mobilebuild.worker.guest"):
+            continue
+        found = {i for i in imports(path) if i.split(".")[0] not in allowed | set(sys.stdlib_module_names)}
+        found = {i for i in found if i.split(".")[0] != "torch"} if name in GUEST_TORCH else found
+        if found:
+            offending[name] = sorted(found)
+    assert offending == {}

@@ -53,18 +53,33 @@ def host_version(name):
 
 
 def wanted_runtimes(registered):
-    """{runtime: Arm64} of `registered` (routes.arm64_runtimes()) whose host package is installed: an aarch64 wheel
-    pinned to what the host has."""
-    return {name: found for name, found in registered.items() if all(host_version(wheel) for wheel in found.wheels)}
+    """{runtime: Arm64} of `registered` (routes.arm64_runtimes()) whose host package is installed (an aarch64 wheel
+    pinned to what the host has) and whose setup finds the tools it needs; a line says what is left out and why."""
+    found = {}
+    for name, runtime in registered.items():
+        missing = runtime.setup.missing_tools() if runtime.setup else []
+        if missing:
+            say(f"      {name} left out: {', '.join(missing)} not found "
+                f"(apt-get install {runtime.setup.TOOLS_PACKAGE})")
+        elif all(host_version(wheel) for wheel in runtime.wheels):
+            found[name] = runtime
+    return found
 
 
 def requirements(found):
     """name==version of every wheel the runtimes need, pinned to the host's versions."""
-    names = dict.fromkeys([*COMMON_WHEELS, *(wheel for runtime in found.values() for wheel in runtime.wheels)])
-    for runtime in found.values():
-        if runtime.setup:
-            names.update(dict.fromkeys(runtime.setup.wheels(host_version)))
-    return [name if "==" in name else f"{name}=={host_version(name)}" for name in names]
+    names = [*COMMON_WHEELS, *(wheel for runtime in found.values() for wheel in runtime.wheels)]
+    names += [wheel for module in _setups(found) for wheel in module.wheels(host_version)]
+    pinned = {}
+    for name in names:
+        bare, _, version = name.partition("==")
+        pinned.setdefault(bare, version or host_version(bare))
+    return [f"{name}=={version}" for name, version in pinned.items()]
+
+
+def _setups(found):
+    """The runtimes' setup modules, each once (PyTorch Mobile's and ExecuTorch's are one)."""
+    return list({id(runtime.setup): runtime.setup for runtime in found.values() if runtime.setup}.values())
 
 
 def environment_key(qemu, wanted, compiler):
@@ -117,10 +132,10 @@ def _build(work, home, qemu, runtimes, wanted, compiler, key):
     say(f"[2/5] aarch64 wheels: {', '.join(wanted)}")
     _wheels(home / "wheels", site, wanted)
     extra = []
-    for name, runtime in runtimes.items():
-        if runtime.setup:
-            say(f"      {name}: {runtime.setup.__doc__.strip().splitlines()[0]}")
-            extra += runtime.setup.make_loadable(sysroot, site, work)
+    for module in _setups(runtimes):
+        say(f"      {module.make_loadable.__doc__.split(':')[0].strip()}")
+        extra += module.make_loadable(sysroot, site, work)
+    _compile(sysroot, site)
     say(f"[3/5] CPU models: {', '.join(arm64.CPUS)}")
     cpus = {cpu.name: _cpu_root(work, sysroot, site, cpu, extra) for cpu in arm64.CPUS.values()}
     say("[4/5] the instruction-count plugin")
@@ -179,6 +194,15 @@ def _wheels(cache, site, wanted):
     files = [str(path) for path in sorted(cache.glob("*.whl"))
              if "-".join(path.name.split("-")[:2]).lower() in names]
     _pip("install", "--no-index", "--target", str(site), *files)
+
+
+def _compile(sysroot, site):
+    """Bytecode for the emulated Python's standard library and wheels, compiled by this host's Python 3.11 (the same
+    bytecode): Debian's packages ship none, and the emulated process writes none (it runs with
+    PYTHONDONTWRITEBYTECODE, so that builds side by side share the environment read-only); compiling torch's modules
+    under emulation at every start took longer than running them."""
+    for folder in (sysroot / "usr" / "lib" / "python3.11", site):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(folder)], capture_output=True)
 
 
 def cpuinfo(cpu, features):

@@ -24,6 +24,8 @@ class Cpu:
     # (implementer, part) in the /proc/cpuinfo the emulated process reads. Not QEMU's max's own (0x00, 0x051), nor a
     # Cortex-A710's, X2's or A715's: with any of those, LiteRT 2.3.0's first model load crashes under every CPU model
     midr: tuple
+    # (the first QEMU version that emulates it right, why older ones do not), or None
+    needs: tuple | None = None
 
 
 CPUS = {cpu.name: cpu for cpu in (
@@ -33,10 +35,20 @@ CPUS = {cpu.name: cpu for cpu in (
     # (docs/arm64.md: XNNPACK's int8 is wrong with it on)
     Cpu("armv9-sve2", "max,sme=off,sve128=on", "ARMv9-class: SVE2 at 128 bits, i8mm, bf16 (QEMU's max CPU, SME off)",
         (0x41, 0xd49)),
-    Cpu("armv9-sme", "max", "ARMv9-class with SME (QEMU's max CPU)", (0x41, 0xd49)),
+    Cpu("armv9-sme", "max", "ARMv9-class with SME (QEMU's max CPU)", (0x41, 0xd49),
+        needs=((8, 2, 3), "QEMU before 8.2.3 computes SME's int8 outer product (SMOPA) wrongly, so XNNPACK's SME "
+                          "kernels give wrong int8 results (docs/arm64.md)")),
 )}
 DEFAULT_CPUS = ("cortex-a53", "cortex-a76", "armv9-sve2")
 DEFAULT_SAMPLES = 2
+
+
+def refused(cpu, qemu):
+    """Why CPU model `cpu` cannot be trusted under QEMU version `qemu` ("7.2.22"), or None."""
+    needs = CPUS[cpu].needs
+    if needs is None or tuple(int(part) for part in qemu.split(".")[:3] if part.isdigit()) >= needs[0]:
+        return None
+    return f"{cpu} needs QEMU {'.'.join(map(str, needs[0]))} or newer, this is {qemu}: {needs[1]}"
 
 
 def home(environ=None):

@@ -5,8 +5,20 @@ mobilebuild.worker.runtimes.executorch, mobilebuild.worker.pte."""
 
 from dataclasses import dataclass, replace
 
+from mobilebuild.arm64 import torch_libs
 from mobilebuild.plan import generation, stages
-from mobilebuild.plan.routes import Checks, Generation, Int8, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan.routes import (
+    Arm64,
+    Checks,
+    Generation,
+    Int8,
+    Route,
+    Runtime,
+    Section,
+    mapping,
+    register,
+    text,
+)
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
 from mobilebuild.routes.torchscript import TORCH_OBSERVERS, select_device
@@ -167,7 +179,7 @@ def lm_device(device_config):
 
 def runtime(device_only=None):
     return Runtime("executorch", FAMILY, device_only=device_only, packages=PACKAGES, package="executorch",
-                   structure=structure)
+                   structure=structure, arm64=Arm64("executorch", ("executorch", "torch"), setup=torch_libs))
 
 
 register(Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",

@@ -5,8 +5,9 @@ mobilebuild.worker.stages.script / optimize, mobilebuild.worker.runtimes.pytorch
 import os
 from dataclasses import dataclass, replace
 
+from mobilebuild.arm64 import torch_libs
 from mobilebuild.plan import stages
-from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, register
+from mobilebuild.plan.routes import Arm64, Checks, Int8, Route, Runtime, register
 from mobilebuild.plan.settings import Fusion, ModelSource, Quantization
 
 FAMILY = "PyTorch Mobile"
@@ -136,7 +137,8 @@ def structure(facts):
 
 
 STAGES = ("script", "optimize")
-RUNTIME = Runtime("pytorch-mobile", FAMILY, structure=structure)
+RUNTIME = Runtime("pytorch-mobile", FAMILY, structure=structure,
+                  arm64=Arm64("pytorch_mobile", ("torch",), setup=torch_libs))
 CHECKS = Checks(preflight=preflight, outputs=outputs, device=device, fixed_shapes=traced)
 
 register(Route("xnnpack", "pytorch-mobile", ("fp32",), STAGES, ".ptl",

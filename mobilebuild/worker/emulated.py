@@ -42,9 +42,9 @@ class Session:
         os.close(reply_write)
         self.replies = os.fdopen(reply_read)
 
-    def run(self, runner, artifact, inputs, threads=1):
-        """Run `artifact` with `runner` on each of `inputs` (a list of runs, each a list of numpy arrays):
-        (the outputs of each run, the reply's counts and seconds)."""
+    def run(self, runner, artifact, inputs, options=None, threads=1):
+        """Run `artifact` with `runner` (given `options`) on each of `inputs` (a list of runs, each a list of numpy
+        arrays): (the outputs of each run, the reply's counts and seconds)."""
         import numpy
 
         folder = Path(tempfile.mkdtemp(dir=self.scratch))
@@ -54,7 +54,7 @@ class Session:
             for path, array in zip(paths[-1], arrays):
                 numpy.save(path, array)
         request = {"runner": runner, "artifact": str(Path(artifact).resolve()), "inputs": paths, "threads": threads,
-                   "out": str(folder)}
+                   "options": options or {}, "out": str(folder)}
         try:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()

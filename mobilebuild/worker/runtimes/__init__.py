@@ -23,6 +23,13 @@ def inspect(path, config):
     return module.inspect(path, config) if hasattr(module, "inspect") else None
 
 
+def arm64_options(path, config):
+    """What the runtime's runner in the emulated aarch64 Python needs to know of the artifact that this host reads
+    (worker/guest), {} where nothing."""
+    module = _module(config)
+    return module.arm64_options(path, config) if hasattr(module, "arm64_options") else {}
+
+
 def load_generator(path, config, eager=False):
     """A language model a step at a time (worker/lm.py): the artifact in its runtime, or with `eager` the eager
     model from its checkpoint."""

@@ -111,6 +111,11 @@ def load(path, config):
     return callable_for(facts)
 
 
+def arm64_options(path, config):
+    """The input dim orders the runner in the emulated aarch64 Python lays its inputs out in (worker/guest)."""
+    return {"dim_orders": pte.read(path).input_dim_orders}
+
+
 def callable_for(facts):
     """The program (`pte.read`'s facts) as a callable from input tensors to its outputs."""
     dim_orders = facts.input_dim_orders
