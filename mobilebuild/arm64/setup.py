@@ -133,7 +133,7 @@ def _build(work, home, qemu, runtimes, wanted, compiler, key):
     _wheels(home / "wheels", site, wanted)
     extra = []
     for module in _setups(runtimes):
-        say(f"      {module.make_loadable.__doc__.split(':')[0].strip()}")
+        say("      " + " ".join(module.make_loadable.__doc__.split(":")[0].split()))
         extra += module.make_loadable(sysroot, site, work)
     _compile(sysroot, site)
     say(f"[3/5] CPU models: {', '.join(arm64.CPUS)}")
