@@ -179,6 +179,37 @@ OUTSIDE_MODEL = {
 }
 
 
+TORCH_ARTIFACTS = {
+    "name": "shuffle",
+    "model": {"torchvision": "shufflenet_v2_x0_5", "quantizable": True, "seed": 0, "batchnorm_stats": 2},
+    "input": {"shape": [1, 3, 64, 64]},
+    "quantize": {"calibration": {"source": "random", "batches": 8, "seed": 0}},
+    "benchmark": {"warmup": 1, "iters": 5},
+    "targets": [{"backend": "xnnpack"}, {"backend": "qnnpack"},
+                {"backend": "xnnpack", "runtime": "executorch", "precision": "int8", "name": "et-int8"}],
+    "verify": {"samples": 4, "thresholds": OUTSIDE_MODEL["verify"]["thresholds"],
+               "arm64": {"cpus": ["cortex-a53"], "samples": 1}},
+}
+
+
+@pytest.mark.slow
+def test_an_outside_models_torch_artifacts_run_in_pypis_aarch64_torch(project, real_environment, monkeypatch):
+    """torchvision's ShuffleNetV2 (random weights) as .ptl fp32 (XNNPACK), .ptl int8 (QNNPACK) and .pte int8
+    (ExecuTorch's XNNPACK) on an emulated Cortex-A53: PyPI's aarch64 torch (a CUDA build, its CUDA libraries
+    stubbed) and ExecuTorch's binding run them, and they agree with this host's run."""
+    home, found = real_environment
+    if "executorch" not in found["runtimes"]:
+        pytest.skip("the environment has no torch: apt-get install binutils-aarch64-linux-gnu, then set up again")
+    monkeypatch.setenv(arm64.HOME_VARIABLE, str(home))
+    project.write_recipe(TORCH_ARTIFACTS)
+    assert set(project.doit("arm64")) >= {f"arm64:shuffle-{t}-cortex-a53" for t in ("xnnpack", "qnnpack", "et-int8")}
+    for target in ("xnnpack", "qnnpack", "et-int8"):
+        result = json.loads(project.artifact(f"shuffle/arm64-{target}-cortex-a53.json").read_text())
+        assert result["status"] == "passed", result
+        assert result["against_host"]["sqnr_db"] > 30 or result["against_host"]["identical"], result
+        assert result["instructions"]["per_inference"] > 1e6
+
+
 @pytest.mark.slow
 def test_an_outside_models_int8_artifacts_verify_on_arm_cpus_with_repeatable_instruction_counts(
         project, real_environment, monkeypatch):

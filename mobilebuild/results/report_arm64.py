@@ -110,8 +110,9 @@ def notes(rows):
     if not shown:
         return []
     found = [f"{cpu}: {arm64.CPUS[cpu].generation}; QEMU -cpu {arm64.CPUS[cpu].qemu}" for cpu in shown]
-    total = sum((result.get("seconds") or {}).get("total") or 0 for row in rows for result in row.arm64.values())
-    found.append(f"Emulated run time, models loaded and run: {total:.0f} s in all (QEMU on this host, which the "
-                 "host's load slows; the counts do not move with it).")
+    cpu = sum((result.get("seconds") or {}).get(key) or 0 for row in rows for result in row.arm64.values()
+              for key in ("cpu", "startup_cpu"))
+    found.append(f"Emulated CPU time, processes started, runtimes imported, models loaded and run: {cpu:.0f} s in all "
+                 "(QEMU on this host; the counts do not move with its speed or load).")
     found.append(WHAT_A_COUNT_IS)
     return found

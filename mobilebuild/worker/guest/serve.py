@@ -59,6 +59,7 @@ def _counted(model, arrays, counts, seen):
 
 
 def serve(request, counts, seen):
+    cpu = time.process_time()
     runner = importlib.import_module(f"{__package__}.{request['runner']}")
     started = time.perf_counter()
     mark()
@@ -87,11 +88,14 @@ def serve(request, counts, seen):
     return {"outputs": saved, "load_instructions": spans[0] if spans else None,
             "instructions": per_run if spans else None,
             "seconds": {"load": loaded - started, "first_run": first - loaded, "per_run": (done - first) / len(runs),
-                        "total": done - started}}, seen
+                        "total": done - started, "cpu": time.process_time() - cpu}}, seen
 
 
 def main():
+    """Serve requests until stdin closes. The first reply also says the CPU seconds the process took to start (the
+    interpreter and numpy); a runtime's import is in the seconds of the first request that uses it."""
     reply = os.fdopen(int(sys.argv[1]), "w")
+    start = {"startup_cpu": time.process_time()}
     counts = os.environ.get("MOBILEBUILD_INSTRUCTIONS_FILE")
     _, seen = marks(counts, 0)
     for line in sys.stdin:
@@ -102,7 +106,8 @@ def main():
             _, seen = marks(counts, seen)
             answer = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
                       "traceback": traceback.format_exc()}
-        reply.write(json.dumps(answer) + "\n")
+        reply.write(json.dumps({**answer, **start}) + "\n")
+        start = {}
         reply.flush()
 
 
