@@ -146,11 +146,31 @@ def test_the_report_shows_each_cpu_ranks_candidates_by_instructions_and_ships_no
     section = report_data.build([manifest]).sections[0]
     assert section.recommendation[0].startswith("Ship xnnpack ")  # fast is faster here, and fails on cortex-a53
     assert any("fast (3.00 ms): FAILED on emulated cortex-a53" in line for line in section.recommendation)
+    assert not any("Fewest instructions" in line for line in section.recommendation)  # one counted candidate
     assert [row[0] for row in section.arm64.cells] == ["xnnpack", "fast"]
     assert section.arm64.cells[0][1:] == ["passed", "30.0", "identical", "180 M"]
     assert section.arm64.states == ["passed", "failed"]
     assert "fast: on emulated cortex-a53: sqnr 3 < 40" in section.failures
     assert any("cortex-a53: ARMv8.0" in note for note in section.arm64_notes)
+
+
+def test_the_instruction_counts_rank_the_candidates_a_host_run_cannot_tell_apart():
+    from report_manifests import benchmark, full_manifest
+
+    manifest = full_manifest()
+    manifest["targets"][1]["status"] = "passed"
+    manifest["verification"]["qnnpack"].update(status="passed", failures=[])
+    manifest["verification"]["qnnpack"]["metrics"].update(sqnr_db=30.0, cosine=1.0, max_rel_error=0.001,
+                                                           top1_agreement=1.0)
+    manifest["benchmarks"]["qnnpack"] = benchmark("pytorch-mobile", 6.1, 5.7, 6.6, 3_500_000)  # within xnnpack's
+    manifest["arm64"] = {"xnnpack": {"cortex-a76": arm_result("cortex-a76", instructions=180_000_000)},
+                         "qnnpack": {"cortex-a76": arm_result("cortex-a76", instructions=64_700_000)}}
+    lines = report_data.build([manifest]).sections[0].recommendation
+    ranked = "cortex-a76: qnnpack (64.7 M) < xnnpack (180 M)"
+    assert any(line.startswith("Not told apart by this run: xnnpack and qnnpack") for line in lines)
+    assert f"Of those this run cannot tell apart, the instruction counts say {ranked}." in lines
+    assert any(line.startswith("Fewest instructions per inference on emulated ARM CPUs") and ranked in line
+               for line in lines)
 
 
 # --- real runs under QEMU (slow) -------------------------------------------------------------------------------------

@@ -91,17 +91,29 @@ def _verdict(result):
 
 
 def ranking(candidates):
-    """One line per CPU model ranking the candidates to ship by instructions per inference, where more than one was
-    counted on it."""
-    lines = []
+    """'cortex-a53: a (63.3 M) < b (80.1 M); cortex-a76: ...': the candidates by instructions per inference on each
+    CPU model where more than one was counted, or ''."""
+    found = []
     for cpu in cpus(candidates):
         counted = sorted((value, row.label) for row in candidates
                          if (value := per_inference(row.arm64.get(cpu) or {})) is not None)
         if len(counted) > 1:
-            lines.append(f"Fewest instructions per inference on emulated {cpu}: "
-                         + " < ".join(f"{label} ({millions(value)})" for value, label in counted)
-                         + " (the same under any load; not a time).")
-    return lines
+            found.append(f"{cpu}: " + " < ".join(f"{label} ({millions(value)})" for value, label in counted))
+    return "; ".join(found)
+
+
+def lines(candidates, tied):
+    """The recommendation's lines on the candidates' instruction counts: the ranking on each CPU model, and what it
+    says of `tied`, the candidates one host run cannot tell apart."""
+    found = []
+    everyone = ranking(candidates)
+    if everyone:
+        found.append(f"Fewest instructions per inference on emulated ARM CPUs (the same under any load; not a time): "
+                     f"{everyone}.")
+    among = ranking(tied) if len(tied) > 1 and everyone else ""
+    if among:
+        found.append(f"Of those this run cannot tell apart, the instruction counts say {among}.")
+    return found
 
 
 def notes(rows):

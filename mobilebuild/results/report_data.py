@@ -525,13 +525,13 @@ def recommend(rows):
         lines.append(f"Ship {best.label} ({_runs_on(best)}): the fastest of {len(candidates)} artifact(s) verified "
                      f"on this host that pass the default thresholds{timed}; {_pitch(best, eager)}.")
         lines.append(_host_caveat(candidates))
-        lines += report_arm64.ranking(candidates)
         tied = [row for row in candidates[1:] if _overlap(best, row)]
         if tied:
             lines.append(f"Not told apart by this run: {best.label} and "
                          + ", ".join(f"{row.label} ({two_or_three_decimals(row.median_ms)} ms)" for row in tied)
                          + ", whose medians lie within the other's p10-p90 spread of timed iterations; choose among "
                            "them by size or quality, or time them on the device.")
+        lines += report_arm64.lines(candidates, [best, *tied])
         families = {}
         for row in candidates:
             families.setdefault(family(row), row)
