@@ -256,3 +256,20 @@ def test_an_outside_models_int8_artifacts_verify_on_arm_cpus_with_repeatable_ins
     assert project.doit("arm64:mnv3-onnx-int8-cortex-a53") == ["arm64:mnv3-onnx-int8-cortex-a53"]
     again = json.loads(project.artifact("mnv3/arm64-onnx-int8-cortex-a53.json").read_text())
     assert abs(again["instructions"]["per_inference"] / first["onnx-int8", "cortex-a53"] - 1) < 0.01
+
+
+def test_release_json_carries_each_cpus_verdict_and_count_and_refuses_a_target_failed_on_arm():
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.results import release
+
+    passed = {**arm_result("cortex-a76"), "generation": arm64.CPUS["cortex-a76"].generation,
+              "emulator": {"qemu": "7.2.22", "cpu": "cortex-a76"}}
+    manifest = {"recipe": "m", "arm64": {"onnx-int8": {"cortex-a76": passed}}}
+    summary = release.arm64_summary(manifest, "onnx-int8")["cortex-a76"]
+    assert summary["status"] == "passed" and summary["instructions_per_inference"] == 60_000_000
+    assert summary["emulator"]["qemu"] == "7.2.22" and summary["sqnr_db"] == 30.0
+    assert release.arm64_summary(manifest, "other") == {}
+    manifest["arm64"]["onnx-int8"]["armv9-sve2"] = arm_result("armv9-sve2", "failed", failures=["on emulated x"])
+    with pytest.raises(MobileBuildError, match=r"m-onnx-int8: verification failed \(on emulated x\)"):
+        release._check_verification("m", "onnx-int8", "passed", manifest, allow_failed=False)
+    release._check_verification("m", "onnx-int8", "passed", manifest, allow_failed=True)

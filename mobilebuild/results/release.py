@@ -48,6 +48,7 @@ FORMAT = 1
 DEFAULT_OUT = "release"
 RUN_DOIT_FIRST = "run `doit` first"
 VERIFICATION_KEYS = ("status", "reason", "data", "samples", "metrics", "thresholds", "relaxed", "failures")
+ARM64_KEYS = ("status", "cpu", "generation", "emulator", "samples", "against_host", "failures")
 BENCHMARK_KEYS = ("status", "reason", "median_ms", "p10_ms", "p90_ms", "threads", "iters", "warmup", "host")
 TARGET_KEYS = ("backend", "runtime", "precision", "quantization", "pruning", "delegate", "fixed_shape")
 # Build state and local environments: never part of the sources a scratch build starts from.
@@ -237,10 +238,26 @@ def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
         "verification": _summary(manifest.get("verification", {}).get(target_id), VERIFICATION_KEYS),
         "benchmark": _summary(manifest.get("benchmarks", {}).get(target_id), BENCHMARK_KEYS),
     }
+    on_arm = arm64_summary(manifest, target_id)
+    if on_arm:  # only where the build ran it there: other releases keep their entries
+        entry["arm64"] = on_arm
     return {target["path"]: entry}
 
 
+def arm64_summary(manifest, target_id):
+    """{CPU model: verdict, emulator, quality, agreement with the host, instructions per inference} of a target's
+    runs on emulated ARM CPUs (worker/stages/arm64.py), or {}."""
+    found = (manifest.get("arm64") or {}).get(target_id) or {}
+    return {cpu: {**_summary(result, ARM64_KEYS), "sqnr_db": (result.get("metrics") or {}).get("sqnr_db"),
+                  "instructions_per_inference": (result.get("instructions") or {}).get("per_inference")}
+            for cpu, result in found.items()}
+
+
 def _check_verification(name, target_id, status, manifest, allow_failed):
+    on_arm = [line for result in arm64_summary(manifest, target_id).values() for line in result.get("failures") or []]
+    if on_arm and not allow_failed:
+        raise MobileBuildError(f"{name}-{target_id}: verification failed ({'; '.join(on_arm)}); fix it, or pass "
+                               "--allow-failed to release it anyway")
     if allow_failed or status not in ("failed", "not verified"):
         return
     if status == "failed":
