@@ -273,3 +273,22 @@ def test_release_json_carries_each_cpus_verdict_and_count_and_refuses_a_target_f
     with pytest.raises(MobileBuildError, match=r"m-onnx-int8: verification failed \(on emulated x\)"):
         release._check_verification("m", "onnx-int8", "passed", manifest, allow_failed=False)
     release._check_verification("m", "onnx-int8", "passed", manifest, allow_failed=True)
+
+
+@pytest.mark.slow
+def test_a_runtime_failing_in_the_emulated_process_is_one_line_with_its_traceback_kept(tmp_path, real_environment):
+    import numpy
+
+    from mobilebuild.worker import emulated, failures
+
+    _, found = real_environment
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    session = emulated.session(found, "cortex-a53")
+    with pytest.raises(failures.Failed) as raised:
+        session.run("onnxruntime", broken, [[numpy.zeros((1, 3), numpy.float32)]])
+    failure = failures.library_failure(raised.value)
+    assert failure["raised_by"] == "onnxruntime on emulated cortex-a53"
+    assert failure["error"].startswith(("InvalidProtobuf", "Fail", "RuntimeError")), failure["error"]
+    assert "onnxruntime" in failure["traceback"] and "\n" not in failure["error"]
+    assert session.process.poll() is None  # the process serves the next artifact

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from mobilebuild.arm64 import emulator
-from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import failures
 
 _SESSIONS = {}  # (environment key, CPU model) -> Session
 
@@ -61,21 +61,26 @@ class Session:
             line = self.replies.readline()
         except OSError:
             line = ""
-        if not line:
+        if not line:  # a crash in native code (or the emulator's): what the process printed is its traceback
+            printed = self._printed()
             self.close()
-            raise MobileBuildError(f"the emulated {self.cpu} process ended: {self._log_tail()}", field="targets")
+            last = printed.strip().splitlines()[-1:] or [f"exit status {self.process.poll()}"]
+            raise failures.Failed({"raised_by": f"{runner} on emulated {self.cpu}", "part": None,
+                                   "error": f"the emulated process ended: {last[0]}", "traceback": printed})
         reply = json.loads(line)
         if "error" in reply:
-            raise MobileBuildError(f"on emulated {self.cpu}: {reply['error']}", field="targets")
+            raise failures.Failed({"raised_by": f"{runner} on emulated {self.cpu}", "part": None,
+                                   "error": reply["error"], "traceback": reply["traceback"]})
         outputs = [[numpy.load(path) for path in run] for run in reply.pop("outputs")]
+        shutil.rmtree(folder)
         return outputs, reply
 
-    def _log_tail(self):
+    def _printed(self, lines=200):
+        """The last `lines` of what the emulated process printed (the runtimes' native logs, a crash's report)."""
         try:
-            lines = self.log.read_text(errors="replace").strip().splitlines()
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
-            lines = []
-        return lines[-1] if lines else f"exit status {self.process.poll()}"
+            return ""
 
     def close(self):
         if _SESSIONS.get(self.key) is self:

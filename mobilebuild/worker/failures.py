@@ -56,10 +56,21 @@ def _owner(filename):
         return path.as_posix()
 
 
+class Failed(Exception):
+    """A library's failure that the code calling it already knows for one (across a process boundary, where no frame
+    of the library's is in this process): `failure` is library_failure's record of it."""
+
+    def __init__(self, failure):
+        super().__init__(failure["error"])
+        self.failure = failure
+
+
 def library_failure(exc, first_line=None):
     """The reply for a stage whose exception a library (or the model's code) raised: {"raised_by", "error" (its type
     and first line), "part" (the model's module it was working on, or None), "traceback"}; None for a bug of ours.
     `first_line(exc)` shortens the message (default: its first line that says something)."""
+    if isinstance(exc, Failed):
+        return exc.failure
     owner = raised_by(exc)
     if owner is None:
         return None
