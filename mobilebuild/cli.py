@@ -29,6 +29,8 @@
     mobilebuild arm64 setup|status       make (or show) the emulated aarch64 environment that runs each CPU artifact
                                          on ARM CPU models (QEMU user mode; docs/arm64.md); builds plan ARM nodes
                                          where it exists
+    mobilebuild schema [--write]         the recipe schema as the route families make it (--write: into
+                                         mobilebuild/recipe.schema.json, which editors read)
     mobilebuild validate [PATH...]       check recipes (files or folders; default: recipes/) without building
     mobilebuild check RECIPE [--json] [--target ID]
                                          pre-flight: each target built up to its artifact by the build's own tasks
@@ -200,6 +202,8 @@ def main(argv=None):
         return tune_command(args[1:])
     if args[:1] == ["validate"]:
         return validate(args[1:])
+    if args[:1] == ["schema"]:
+        return schema_command(args[1:])
     if args[:1] == ["arm64"]:
         from mobilebuild.arm64.command import arm64_command
         from mobilebuild.plan import routes
@@ -232,6 +236,20 @@ def main(argv=None):
             return 2
         return run_doit(["run", *rest] if rest else ["run", "build"])
     return run_doit(args)
+
+
+def schema_command(args):
+    """recipe.schema.json as the registered route families make it: printed, or written with --write."""
+    if args not in ([], ["--write"]):
+        print("usage: mobilebuild schema [--write]")
+        return 2
+    text = recipe.schema_text()
+    if args:
+        recipe.SCHEMA_PATH.write_text(text)
+        print(f"wrote {recipe.SCHEMA_PATH}")
+    else:
+        print(text, end="")
+    return 0
 
 
 def recipe_tasks(args, root="."):

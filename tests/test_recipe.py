@@ -1,13 +1,17 @@
 """Recipe loading: defaults from the schema, one line per problem naming file and field, paths kept inside."""
 
+import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import yaml
-from conftest import tiny_recipe
+from conftest import REPO, tiny_recipe
 
 from mobilebuild.errors import RecipeErrors
-from mobilebuild.plan import recipe
+from mobilebuild.plan import recipe, routes
 
 
 def write(root, data, name="tiny.yaml"):
@@ -154,3 +158,35 @@ def test_validated_recipes_are_cached_by_content(tmp_path, monkeypatch):
     path.write_text(edited)
     with pytest.raises(AssertionError, match="validated again"):
         recipe.load_all(tmp_path)
+
+
+# --- the schema editors read --------------------------------------------------------------------------------------
+
+EDITOR_HINT = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
+
+
+def test_the_schema_file_is_what_the_route_families_make():
+    """recipe.schema.json is generated (`mobilebuild schema --write`): built-in families only, in a fresh process."""
+    made = subprocess.run([sys.executable, "-m", "mobilebuild.cli", "schema"], capture_output=True, text=True,
+                          check=True, cwd=REPO).stdout
+    assert made == recipe.SCHEMA_PATH.read_text(), "run `mobilebuild schema --write`"
+
+
+def test_a_family_adding_a_setting_drifts_from_the_schema_file(monkeypatch):
+    assert recipe.schema_text() == recipe.SCHEMA_PATH.read_text()
+    monkeypatch.setitem(routes.get("onnx", "onnxruntime").section.schema["properties"], "new", {"type": "integer"})
+    assert recipe.schema_text() != recipe.SCHEMA_PATH.read_text()
+
+
+@pytest.mark.parametrize("path", sorted([*REPO.glob("recipes/*.yaml"), *REPO.glob("examples/*/*.yaml")]),
+                         ids=lambda path: path.name)
+def test_each_bundled_recipe_points_an_editor_at_the_schema_and_is_valid_there(path):
+    import jsonschema
+
+    hint = EDITOR_HINT.match(path.read_text().splitlines()[0])
+    assert hint, f"{path}: first line: # yaml-language-server: $schema=<relative path to recipe.schema.json>"
+    schema_file = (path.parent / hint[1]).resolve()
+    assert schema_file == recipe.SCHEMA_PATH.resolve()
+    errors = list(jsonschema.Draft202012Validator(json.loads(schema_file.read_text())).iter_errors(
+        yaml.safe_load(path.read_text())))
+    assert errors == []  # what an editor shows: LiteRT targets and every family's section included

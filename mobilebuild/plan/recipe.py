@@ -16,7 +16,7 @@ import yaml
 
 from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
-from mobilebuild.plan import hub, routes
+from mobilebuild.plan import arm64, hub, routes
 from mobilebuild.plan.chain import escaping, files_below
 from mobilebuild.plan.settings import Fusion
 
@@ -103,14 +103,30 @@ def default_thresholds(precision):
 
 @functools.lru_cache(maxsize=None)
 def _schema(route_keys):
-    found = json.loads(SCHEMA_PATH.read_bytes())
+    return registry_schema(json.loads(SCHEMA_PATH.read_bytes()))
+
+
+def registry_schema(grammar):
+    """The recipe grammar with what the registry gives it: the backends, runtimes and precisions of the registered
+    routes, each route family's own target section, the emulated ARM CPU models. recipe.schema.json is this for the
+    built-in families (`mobilebuild schema --write` writes it; a test fails when it drifts), so that an editor
+    knows every target; a project's own routes join at load time."""
+    found = copy.deepcopy(grammar)
     target = found["properties"]["targets"]["items"]["properties"]
     target["backend"]["enum"] = list(routes.backends())
     target["runtime"]["enum"] = list(routes.runtimes())
+    target["precision"]["enum"] = list(routes.precisions())
     for route in routes.all_routes():
-        if route.section and route.section.name not in target:
+        if route.section:
             target[route.section.name] = route.section.schema or {"type": "object", "default": {}}
+    cpus = found["properties"]["verify"]["properties"]["arm64"]["oneOf"][1]["properties"]["cpus"]
+    cpus["items"]["enum"], cpus["default"] = list(arm64.CPUS), list(arm64.DEFAULT_CPUS)
     return found
+
+
+def schema_text():
+    """recipe.schema.json as the registry makes it."""
+    return json.dumps(registry_schema(json.loads(SCHEMA_PATH.read_bytes())), indent=2, ensure_ascii=False) + "\n"
 
 
 @functools.lru_cache(maxsize=None)

@@ -228,6 +228,12 @@ def get(backend, runtime):
     return _ROUTES.get(f"{backend}/{runtime}")
 
 
+def precisions():
+    """Every precision a target may name: the routes' and their generative paths'."""
+    generative = (p for route in _ROUTES.all() if route.generation for p in route.generation.precisions)
+    return tuple(dict.fromkeys([*(p for route in _ROUTES.all() for p in route.precisions), *generative]))
+
+
 def default_runtime(backend):
     candidates = [route for route in _ROUTES.all() if route.backend == backend]
     chosen = next((route for route in candidates if route.default), candidates[0] if candidates else None)
