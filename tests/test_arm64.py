@@ -109,6 +109,16 @@ def test_the_schema_offers_the_cpu_models_there_are_with_the_defaults():
     assert cpus["items"]["enum"] == list(arm64.CPUS) and cpus["default"] == list(arm64.DEFAULT_CPUS)
 
 
+def test_setup_without_qemu_is_one_line_with_the_apt_line(monkeypatch, capsys, environment):
+    from mobilebuild.arm64 import command, emulator
+
+    monkeypatch.setattr(emulator.shutil, "which", lambda name: None)
+    assert command.arm64_command(["setup"], routes.arm64_runtimes()) == 1
+    assert capsys.readouterr().out == ("mobilebuild arm64 setup: qemu-aarch64 not found: install QEMU's user mode "
+                                       "(apt-get install qemu-user), then run `mobilebuild arm64 setup` again\n")
+    assert not environment.exists() or not any(environment.iterdir())
+
+
 def test_hwcap_bits_name_the_features_linux_shows():
     assert setup.features(0b11, 0) == ["fp", "asimd"]
     assert "asimddp" in setup.features(1 << 20, 0) and setup.features(0, 1 << 1) == ["sve2"]

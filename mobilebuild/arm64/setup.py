@@ -128,7 +128,7 @@ def store_current(home, found):
 def _build(work, home, qemu, runtimes, wanted, compiler, key):
     sysroot, site = work / "sysroot", work / "site"
     say(f"[1/5] Debian's arm64 Python 3.11 and its libraries ({len(DEBS)} packages) -> sysroot")
-    _sysroot(home / "apt", sysroot)
+    debs = _sysroot(home / "apt", sysroot)
     say(f"[2/5] aarch64 wheels: {', '.join(wanted)}")
     _wheels(home / "wheels", site, wanted)
     extra = []
@@ -145,16 +145,17 @@ def _build(work, home, qemu, runtimes, wanted, compiler, key):
     for name, runtime in runtimes.items():
         _check_import(work, cpus, site, extra, runtime.runner)
     found = {"key": key, "qemu": qemu, "python": _guest_python_version(work, site, extra), "wheels": versions,
-             "cpus": cpus, "counter": counter, "environment": extra,
+             "cpus": cpus, "counter": counter, "environment": extra, "debs": debs,
              "runtimes": {name: {"runner": runtime.runner, "wheels": list(runtime.wheels)}
                           for name, runtime in runtimes.items()}}
     (work / "environment.json").write_text(json.dumps(found, indent=2, sort_keys=True))
 
 
 def _sysroot(state, sysroot):
+    """Debian's arm64 packages (DEBS) unpacked into `sysroot`; returns their file names."""
     if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
-        raise MobileBuildError("the aarch64 environment is made from Debian's arm64 packages: apt-get and dpkg are "
-                               "needed (Debian or Ubuntu)")
+        raise MobileBuildError("the aarch64 environment is made from Debian 12's arm64 packages: apt-get and dpkg "
+                               "are needed (Debian 12, bookworm)")
     for folder in (state / "lists" / "partial", state / "cache" / "archives" / "partial"):
         folder.mkdir(parents=True, exist_ok=True)
     debs = Path(tempfile.mkdtemp(dir=sysroot.parent))
@@ -165,9 +166,11 @@ def _sysroot(state, sysroot):
         last = (fetched.stderr or updated.stderr).strip().splitlines()
         raise MobileBuildError(f"apt-get could not download Debian's arm64 packages: {last[-1] if last else ''}")
     sysroot.mkdir()
-    for deb in sorted(debs.glob("*.deb")):
+    files = sorted(debs.glob("*.deb"))
+    for deb in files:
         subprocess.run(["dpkg", "-x", str(deb), str(sysroot)], check=True)
     shutil.rmtree(debs)
+    return [deb.name for deb in files]  # their versions, which the environment's description records
 
 
 def _apt_options(state):
