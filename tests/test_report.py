@@ -98,3 +98,29 @@ def test_report_does_not_import_torch():
 
     code = "import sys, mobilebuild.results.report; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from mobilebuild.engine import actions
+from mobilebuild.results import report
+failed = actions.write_report()
+print("task:", failed.message if failed else None)
+sys.exit(report.main("artifacts"))
+"""
+
+
+def test_a_report_a_full_disk_keeps_from_being_written_is_one_line_and_no_partial_file(tmp_path):
+    """As the build's report task and as `doit report` (and the report a failed build writes): the line a stage's
+    write gives, never a traceback (a 24 KB tmpfs as artifacts/ printed 30 lines of one)."""
+    import subprocess
+
+    manifest_file(tmp_path / "artifacts", "mnv2", full_manifest())
+    done = subprocess.run([sys.executable, "-c", FULL_DISK], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    line = "cannot write artifacts/report.html: File too large"  # report.md fits, and is not written without it
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout == f"task: {line}\n" and done.stderr == f"{line}\n"
+    assert sorted(path.name for path in (tmp_path / "artifacts").iterdir()) == ["mnv2"]

@@ -61,7 +61,15 @@ def write_report(invalid=None):
     """The report; `invalid` ({recipe file: its problems}) are listed as not built."""
     from mobilebuild.results import report
 
-    report.main(graph.ARTIFACTS_DIR, invalid)
+    try:
+        said = report.write_all(graph.ARTIFACTS_DIR, invalid)
+    except MobileBuildError as exc:  # it could not write: one line, as a stage's write says it
+        return TaskFailed(str(exc))
+    if said is None:
+        print(f"no manifests in {Path(graph.ARTIFACTS_DIR) / '*' / 'manifest.json'}: build first (doit)",
+              file=sys.stderr)
+    else:
+        print(said)
 
 
 def fail_with(message):
@@ -97,8 +105,13 @@ def write_manifests_despite(blocked, failures):
         # the files of this run only: one a failed task left from an earlier build is not this build's
         artifacts = [entry for entry in node.settings.artifacts
                      if by_output[entry["path"]].task_name not in stopped]
-        with store.atomic_output(node.output) as temporary:
-            manifest.run({}, dataclasses.replace(node.settings, targets=targets, artifacts=artifacts), temporary)
+        try:
+            with store.atomic_output(node.output) as temporary:
+                manifest.run({}, dataclasses.replace(node.settings, targets=targets, artifacts=artifacts),
+                             temporary)
+        except OSError as exc:  # a full disk: one line, as a stage's write says it, and the next recipe's
+            print(f"cannot write {node.output}: {exc.strerror or exc}", file=sys.stderr)
+            continue
         written.append(node.recipe)
         for plot in nodes:  # the manifest's figure, whose task was blocked with it
             if plot.stage == "plot" and plot.inputs["manifest"] == node.output:
