@@ -166,7 +166,7 @@ def store_concurrently(url, key, payload_path, barrier, results):
 
 def test_concurrent_writers_of_one_key_leave_one_valid_entry(tmp_path):
     url, key = str(tmp_path / "cache"), key_of("race")
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")  # not "fork": this process may have imported JAX
     barrier, results = context.Barrier(4), context.Queue()
     payloads = []
     for writer in range(4):  # different bytes per writer: a mixed entry would not match any of them

@@ -17,7 +17,8 @@ def private_lock_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
-def _hold(kind, entered, release):
+def _hold(kind, entered, release, folder):
+    tempfile.tempdir = folder  # the test's own lock folder: a fresh process (spawn) has not its monkeypatch
     section = measure_alone.measuring_alone("model") if kind == "measure" else measure_alone.stage_running(
         "quantize:other")
     with section:
@@ -29,9 +30,10 @@ class Holder:
     """A process inside a stage or a measurement until released."""
 
     def __init__(self, kind):
-        context = multiprocessing.get_context("fork")
+        # not "fork": this process may have imported JAX (litert-torch), which deadlocks a forked child
+        context = multiprocessing.get_context("spawn")
         self.entered, self.release = context.Event(), context.Event()
-        self.process = context.Process(target=_hold, args=(kind, self.entered, self.release))
+        self.process = context.Process(target=_hold, args=(kind, self.entered, self.release, tempfile.gettempdir()))
         self.process.start()
 
     def done(self):
