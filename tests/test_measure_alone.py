@@ -3,6 +3,7 @@ flock locks, held by real processes."""
 
 import multiprocessing
 import tempfile
+import threading
 import time
 
 import pytest
@@ -94,3 +95,28 @@ def test_a_killed_holder_leaves_nothing_locked():
     stage.process.join(WAIT)
     assert measurement.entered.wait(WAIT)
     measurement.done()
+
+
+def test_the_waits_are_counted_for_the_builds_last_line():
+    from mobilebuild.engine.doit_reporters import waits
+
+    measure_alone.take_waited()
+    measurement = Holder("measure")
+    assert measurement.entered.wait(WAIT)
+    threading.Timer(0.5, measurement.release.set).start()
+    with measure_alone.stage_running("quantize:mine"):  # waits for the measurement to end
+        pass
+    measurement.done()
+    stage = Holder("stage")
+    assert stage.entered.wait(WAIT)
+    threading.Timer(0.5, stage.release.set).start()
+    with measure_alone.measuring_alone("mine") as waited:  # waits for the stage to finish
+        assert waited >= 0.4
+    stage.done()
+    found = measure_alone.take_waited()
+    assert found["stages"] >= 0.4 and found["measurements"] >= 0.4
+    assert measure_alone.take_waited() == {"stages": 0.0, "measurements": 0.0}
+    assert waits({"stages": 12.3, "measurements": 45.6}) == ("measuring alone: stages waited 12 s in all for "
+                                                            "measurements to end, measurements 46 s for running "
+                                                            "stages to finish")
+    assert waits({"stages": 0.2, "measurements": 0.3}) is None  # no line for a build nothing held up

@@ -12,9 +12,11 @@ from doit.reporter import ConsoleReporter
 
 from mobilebuild.engine import collector
 from mobilebuild.engine.actions import write_manifests_despite, write_report_despite
-from mobilebuild.engine.execute import untrusted_summary
+from mobilebuild.engine.execute import WAITED, untrusted_summary
 from mobilebuild.engine.repo_lock import hold_build_lock
 from mobilebuild.worker.quiet import SHOWN_WARNINGS, shown_warnings_list
+
+MENTIONED = 1.0  # seconds of waiting, in all, that the last line mentions
 
 
 def first_line(text):
@@ -31,6 +33,7 @@ class RunHooks:
         hold_build_lock()  # only when tasks are about to run: listing never waits
         untrusted_summary()  # left by a build that was killed: not this one's
         self.failed = {}
+        self.waited = {}  # seconds the stages waited for measurements, the measurements for stages
         # the workers, started after this, show each warning once per build (worker/quiet.py); `mobilebuild tune`
         # sets one for all its runs
         self.shown_warnings = contextlib.ExitStack()
@@ -42,6 +45,11 @@ class RunHooks:
     def add_failure(self, task, fail):
         self.failed[task.name] = fail
         super().add_failure(task, fail)
+
+    def add_success(self, task):
+        for kind, seconds in ((task.values or {}).get(WAITED) or {}).items():
+            self.waited[kind] = self.waited.get(kind, 0.0) + seconds
+        super().add_success(task)
 
     def complete_run(self):
         super().complete_run()
@@ -60,6 +68,18 @@ class RunHooks:
             described = write_manifests_despite(blocked, failures)
             if "render_report" in blocked:
                 write_report_despite(failures, described)
+        said = waits(getattr(self, "waited", {}))
+        if said:  # the real stderr, as the summary above: the run's last line
+            print(said, file=sys.__stderr__, flush=True)
+
+
+def waits(waited):
+    """The build's last line, where benchmarks measuring alone held anything up for a second or more in all."""
+    stages, measurements = waited.get("stages", 0.0), waited.get("measurements", 0.0)
+    if stages + measurements < MENTIONED:
+        return None
+    return (f"measuring alone: stages waited {stages:.0f} s in all for measurements to end, measurements "
+            f"{measurements:.0f} s for running stages to finish")
 
 
 class Reporter(RunHooks, ConsoleReporter):

@@ -24,6 +24,9 @@ LOG_DIR = ".mobilebuild/logs"  # a failed node's traceback: <stage>/<name>.log (
 # The value a node's task keeps (doit's task.values, from what its action returns) when the shared cache gave its
 # output: how an in-process run (engine/runner.py) tells a fetched artifact from a built one.
 FROM_CACHE = "from_cache"
+# ... and how long the stage waited for measurements, or its measurement for stages (worker/measure_alone.py), which
+# the build's reporter adds up
+WAITED = "waited"
 
 
 def run_node(node):
@@ -41,10 +44,10 @@ def run_node(node):
     remote = distributed.address() is not None and not stages.get(node.stage).in_process
     try:
         if remote:
-            _build_remotely(node, shared, key)
+            waited = _build_remotely(node, shared, key)
         else:
             with store.atomic_output(node.output) as tmp:
-                _run_stage(node, tmp)
+                waited = _run_stage(node, tmp)
     except MobileBuildError as exc:
         exc.field = recipe_field(exc.field, node.fields)
         return TaskFailed(str(exc.located(node.recipe_file)))
@@ -64,7 +67,7 @@ def run_node(node):
     if key is not None and not remote:  # a Dask worker has stored it
         with contextlib.suppress(OSError):  # an unwritable cache costs the next build time, never this one
             shared.store(key, {"artifact": Path(node.output)})
-    return None
+    return {WAITED: waited} if any((waited or {}).values()) else None
 
 
 @functools.cache
@@ -171,10 +174,11 @@ def _run_stage(node, output):
             if failure is None:
                 raise
             raise LibraryFailed(failure) from None
-        return
+        return None
     reply = worker_pool.call({**request(node, output), "root": os.getcwd()}, python=node.interpreter,
                              timeout=node.time_limit)
     _raise_failure(node, reply)
+    return reply.get(WAITED)
 
 
 def _build_remotely(node, shared, key):
@@ -205,6 +209,7 @@ def _build_remotely(node, shared, key):
                                f"{cache.SIGNING_KEY_VARIABLE} this build trusts") from None
     if found is None:
         raise RuntimeError(f"{node.task_name}: built on a Dask worker but not found in the cache {shared.location}")
+    return reply.get(WAITED)
 
 
 def _raise_failure(node, reply):

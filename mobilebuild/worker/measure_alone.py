@@ -12,7 +12,24 @@ import fcntl
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+# Seconds this process waited since take_waited() last asked: stages for a measurement to end, measurements for
+# running stages to finish. The build adds every worker's up and says the totals on its last line.
+_WAITED = {"stages": 0.0, "measurements": 0.0}
+
+
+def take_waited():
+    """{"stages": s, "measurements": s} waited since the last call, then zeros."""
+    found = dict(_WAITED)
+    _WAITED.update(stages=0.0, measurements=0.0)
+    return found
+
+
+def add_waited(kind, seconds):
+    """A wait this process learnt of from another it started (a measurement's own process)."""
+    _WAITED[kind] += seconds
 
 
 def _folder():
@@ -67,8 +84,10 @@ def stage_running(task=None, root=None):
     """Around a stage (`task` in the checkout `root`, for a waiting measurement's message): waits while a measurement
     runs, and lets other stages run alongside."""
     with _lock_file("turnstile.lock") as turnstile, _lock_file("stages.lock") as stages:
+        started = time.perf_counter()
         with _locked(turnstile, fcntl.LOCK_EX):
             fcntl.flock(stages, fcntl.LOCK_SH)
+        _WAITED["stages"] += time.perf_counter() - started
         try:
             with _named(task, root):
                 yield
@@ -78,7 +97,9 @@ def stage_running(task=None, root=None):
 
 @contextlib.contextmanager
 def measuring_alone(label):
-    """Around a measurement: waits for the stages running now to finish, and holds off new ones until done."""
+    """Around a measurement: waits for the stages running now to finish, and holds off new ones until done. Yields
+    how long it waited, in seconds."""
+    started = time.perf_counter()
     with _lock_file("turnstile.lock") as turnstile, _lock_file("stages.lock") as stages, \
             _locked(turnstile, fcntl.LOCK_EX):
         try:
@@ -89,7 +110,9 @@ def measuring_alone(label):
             print(f"   {label}: waiting for running stages to finish (benchmarks measure alone)"
                   f"{': ' + shown if shown else ''}", file=sys.stderr, flush=True)
             fcntl.flock(stages, fcntl.LOCK_EX)
+        waited = time.perf_counter() - started
+        _WAITED["measurements"] += waited
         try:
-            yield
+            yield waited
         finally:
             fcntl.flock(stages, fcntl.LOCK_UN)

@@ -77,7 +77,8 @@ def handle(request, started=None):
     """A request from the build -> its reply: empty, a user error, an OS error, a library's failure on the model
     (worker/failures.py), or a crash's traceback; and what the stage printed, which the build prints as the task's
     output (doit may capture it, e.g. `-r json`). `started()` is called as the stage starts, once no measurement
-    holds it back: its time limit runs from then (engine/worker_pool.py)."""
+    holds it back: its time limit runs from then (engine/worker_pool.py). The reply says how long the stage waited
+    for measurements, or its measurement for stages ("waited")."""
     printed = io.StringIO()
     request = dict(request)
     measures = request.pop("measures", None)
@@ -90,7 +91,7 @@ def handle(request, started=None):
             started()
         reply = _outcome(request)
     sys.stderr.flush()
-    return {**reply, "printed": printed.getvalue()}
+    return {**reply, "printed": printed.getvalue(), "waited": measure_alone.take_waited()}
 
 
 def _outcome(request):

@@ -60,7 +60,7 @@ def measure(spec):
     # a live counter on a terminal; four lines in a log
     step = max(1, timing["iters"] // (20 if sys.stderr.isatty() else 4))
     end = "\r" if sys.stderr.isatty() else "\n"
-    with measure_alone.measuring_alone(spec["label"]), torch.no_grad():
+    with measure_alone.measuring_alone(spec["label"]) as waited, torch.no_grad():
         started = time.perf_counter()
         model = runtimes.load(spec["path"], config)
         load_ms = (time.perf_counter() - started) * 1e3
@@ -83,4 +83,5 @@ def measure(spec):
         "load_ms": load_ms,
         "peak_rss_mb": peak_rss_mb(),
         "threads": torch.get_num_threads(),
+        "waited_for_stages_s": waited,  # how the number was taken: alone, after waiting this long for that
     }

@@ -10,7 +10,7 @@ import zlib
 from mobilebuild import store
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import toolchain
-from mobilebuild.worker import device, progress
+from mobilebuild.worker import device, measure_alone, progress
 
 
 def host():
@@ -47,6 +47,7 @@ def time_in_subprocess(spec, measure=None):
                                field="benchmark")
     if "error" in result:
         raise MobileBuildError(f"the artifact fails when timed: {result['error']}", field="targets")
+    measure_alone.add_waited("measurements", result.get("waited_for_stages_s", 0.0))  # its process's wait
     return result
 
 

@@ -36,7 +36,7 @@ def measure(spec):
     timing.reset_peak_rss()
     torch.set_num_threads(settings["threads"])
     eager = config.runtime == "eager"
-    with measure_alone.measuring_alone(spec["label"]), torch.no_grad():
+    with measure_alone.measuring_alone(spec["label"]) as waited, torch.no_grad():
         started = time.perf_counter()
         generator = runtimes.load_generator(spec["path"], config, eager=eager)
         load_ms = (time.perf_counter() - started) * 1e3
@@ -49,7 +49,7 @@ def measure(spec):
             found["runner"] = {"harness": RUNNER, **timings(llm_runner.time_on_host(
                 spec["path"], spec["tokenizer"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs))}
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
-            "harness": GENERATOR, "runner_refused": refused}
+            "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited}
 
 
 def timings(per_length):
