@@ -107,7 +107,8 @@ def _alive(pid):
 def test_a_stage_past_its_limit_is_stopped_with_what_it_started_and_the_pool_starts_a_new_worker(tmp_path):
     (tmp_path / "sleepy.py").write_text(STAGE)
     try:
-        assert set(worker_pool.call(_request(tmp_path, "quick"), timeout=120)) == {"printed"}  # torch imported
+        # torch imported
+        assert set(worker_pool.call(_request(tmp_path, "quick"), timeout=120)) - {"waited"} == {"printed"}
         started = time.perf_counter()
         with pytest.raises(worker_pool.StageStopped) as stopped:
             worker_pool.call(_request(tmp_path, "slow"), timeout=3)
@@ -120,7 +121,7 @@ def test_a_stage_past_its_limit_is_stopped_with_what_it_started_and_the_pool_sta
         assert not _alive(child)
         assert not (tmp_path / "slow.txt").exists()
         (tmp_path / "quick.txt").unlink()
-        assert set(worker_pool.call(_request(tmp_path, "quick"), timeout=120)) == {"printed"}
+        assert set(worker_pool.call(_request(tmp_path, "quick"), timeout=120)) - {"waited"} == {"printed"}
         assert (tmp_path / "quick.txt").read_text() == "made"
     finally:
         worker_pool.close_all()
