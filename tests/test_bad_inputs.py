@@ -15,9 +15,7 @@ import io
 import os
 import pickle
 import re
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -151,17 +149,17 @@ def sha256_tree(root):
             for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
-def _file_size_limit(limit):
-    def apply():
-        # Ignored, SIGXFSZ no longer kills the writer: the write fails with EFBIG, as on a full disk.
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
+# Runs the command in argv[2:] with a file-size limit of argv[1] bytes. Ignored, SIGXFSZ no longer kills the writer:
+# the write fails with EFBIG, as on a full disk (both survive the exec). Not a preexec_fn: that forks this process,
+# which has imported JAX (litert-torch), and a fork of it may deadlock.
+LIMITED = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+           "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); os.execv(sys.argv[2], sys.argv[2:])")
 
 
 def doit(root, args, limit=None):
-    return subprocess.run([sys.executable, "-m", "doit", *args], cwd=root, capture_output=True, text=True,
-                          timeout=600, preexec_fn=_file_size_limit(limit) if limit else None)
+    limited = [sys.executable, "-c", LIMITED, str(limit)] if limit else []
+    return subprocess.run([*limited, sys.executable, "-m", "doit", *args], cwd=root, capture_output=True, text=True,
+                          timeout=600)
 
 
 def run_case(case, root):
