@@ -65,11 +65,7 @@ def write_report(invalid=None):
         said = report.write_all(graph.ARTIFACTS_DIR, invalid)
     except MobileBuildError as exc:  # it could not write: one line, as a stage's write says it
         return TaskFailed(str(exc))
-    if said is None:
-        print(f"no manifests in {Path(graph.ARTIFACTS_DIR) / '*' / 'manifest.json'}: build first (doit)",
-              file=sys.stderr)
-    else:
-        print(said)
+    print(said or report.nothing_to_report(graph.ARTIFACTS_DIR), file=sys.stdout if said else sys.stderr)
 
 
 def fail_with(message):

@@ -70,9 +70,8 @@ def recipe_nodes(recipe, root):
     targets = []
     emulated = arm64.current() if recipe.verify.get("arm64", {}) is not False else None
     for cpu in (recipe.verify.get("arm64") or {}).get("cpus", ()) if emulated else ():
-        if arm64.refused(cpu, emulated["qemu"]):
-            raise RecipeErrors([MobileBuildError(arm64.refused(cpu, emulated["qemu"]), file=recipe.file,
-                                                 field="verify.arm64.cpus")])
+        if why := arm64.refused(cpu, emulated["qemu"]):
+            raise RecipeErrors([MobileBuildError(why, file=recipe.file, field="verify.arm64.cpus")])
 
     problems = []
     for target in recipe.targets:

@@ -39,13 +39,14 @@ class Int8:
 @dataclass(frozen=True)
 class Arm64:
     """How a runtime's artifacts run in the emulated aarch64 Python (plan/arm64.py): its runner there, a module of
-    mobilebuild.worker.guest, and the aarch64 wheels it needs (pinned to the host's versions by the setup). `setup`:
-    "module:function" the setup calls after installing them, (sysroot, site, work) -> ["NAME=value" environment
-    entries the emulated process needs], or None."""
+    mobilebuild.worker.guest, and the aarch64 wheels it needs (pinned to the host's versions by the setup). `setup`: a
+    module with `wheels(version_of)` (more name==version wheels), `missing_tools()` (the host tools it lacks, from
+    Debian's TOOLS_PACKAGE) and `make_loadable(sysroot, site, work)` (-> ["NAME=value" environment entries the
+    emulated process needs]), which the setup calls after installing the wheels (arm64/torch_libs.py); or None."""
 
     runner: str
     wheels: tuple
-    setup: str | None = None
+    setup: object = None
 
 
 @dataclass(frozen=True)

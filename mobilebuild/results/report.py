@@ -41,10 +41,14 @@ def main(artifacts_dir="artifacts", unbuilt=None):
         print(exc, file=sys.stderr)
         return 1
     if said is None:
-        print(f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)", file=sys.stderr)
+        print(nothing_to_report(artifacts_dir), file=sys.stderr)
         return 2
     print(said)
     return 0
+
+
+def nothing_to_report(artifacts_dir):
+    return f"no manifests in {Path(artifacts_dir) / '*' / 'manifest.json'}: build first (doit)"
 
 
 def write_all(artifacts_dir, unbuilt=None):

@@ -98,10 +98,10 @@ def serve(request, counts, seen):
 
 
 def main():
-    """Serve requests until stdin closes. The first reply also says the CPU seconds the process took to start (the
-    interpreter and numpy); a runtime's import is in the seconds of the first request that uses it."""
+    """Serve requests until stdin closes. The first answered request's seconds also say the CPU seconds the process
+    took to start (the interpreter and numpy); a runtime's import is in the seconds of the first request using it."""
     reply = os.fdopen(int(sys.argv[1]), "w")
-    start = {"startup_cpu": time.process_time()}
+    started_in = time.process_time()
     counts = os.environ.get("MOBILEBUILD_INSTRUCTIONS_FILE")
     _, seen = marks(counts, 0)
     for line in sys.stdin:
@@ -112,8 +112,9 @@ def main():
             _, seen = marks(counts, seen)
             answer = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
                       "traceback": traceback.format_exc()}
-        reply.write(json.dumps({**answer, **start}) + "\n")
-        start = {}
+        if started_in is not None and "seconds" in answer:
+            answer["seconds"]["startup_cpu"], started_in = started_in, None
+        reply.write(json.dumps(answer) + "\n")
         reply.flush()
 
 

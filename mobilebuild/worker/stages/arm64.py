@@ -55,19 +55,17 @@ def run(inputs, config, output):
         against_host[name] = {"sqnr_db": min(metrics.sqnr_db(host, on_arm.to(host.dtype)), metrics.SQNR_CEILING_DB),
                               "identical": bool(torch.equal(host, on_arm.to(host.dtype))),
                               "max_abs_diff": float((host.double() - on_arm.double()).abs().max())}
-    worst = min(found, key=lambda name: _sqnr(found[name]))
+    worst = verify.worst_output(found)
     cpu = arm64.CPUS[config.cpu]
     result = {"status": "failed" if missed else "passed", "cpu": config.cpu, "generation": cpu.generation,
               "features": environment["cpus"][config.cpu]["features"], "emulator": config.emulator,
               "precision": config.precision, "runtime": config.runtime, "data": description,
               "samples": count, "thresholds": config.thresholds, "metrics": metrics.json_safe(found[worst]),
               "failures": [f"on emulated {config.cpu} ({cpu.generation}): {line}" for line in missed],
-              "against_host": {key: value if key == "identical" else _finite(value)
-                               for key, value in against_host[worst].items()},
+              "against_host": metrics.json_safe(against_host[worst]),
               "instructions": instructions(reply),
               # under emulation, on this host (its load slows them): the first artifact a process ran says its start
-              "seconds": {**reply["seconds"], **({"startup_cpu": reply["startup_cpu"]} if "startup_cpu" in reply
-                                                 else {})},
+              "seconds": reply["seconds"],
               "artifact_sha256": store.sha256_file(inputs["artifact"])}
     if len(found) > 1:
         result["worst_output"] = worst
@@ -85,15 +83,6 @@ def instructions(reply):
     middle = statistics.median(runs)
     return {"per_inference": int(middle), "runs": runs, "load": reply.get("load_instructions"),
             "spread": (max(runs) - min(runs)) / middle if middle else 0.0}
-
-
-def _sqnr(found):
-    value = found["sqnr_db"]
-    return -float("inf") if value is None or value != value else value
-
-
-def _finite(value):
-    return value if value is None or numpy.isfinite(value) else None
 
 
 def _say(result):

@@ -114,13 +114,14 @@ def _sqnr(found, name):
     return -math.inf if math.isnan(value) else value  # NaN outputs are the worst there is
 
 
-def _worst(found):
-    """The output furthest from the eager model (lowest SQNR): the one the summary and the report show."""
+def worst_output(found):
+    """The output furthest from the eager model (lowest SQNR) of {output: metrics}: the one the summary and the
+    report show."""
     return min(found, key=lambda name: _sqnr(found, name))
 
 
 def _lowest_sqnr(found):
-    return _sqnr(found, _worst(found))
+    return _sqnr(found, worst_output(found))
 
 
 def _where(name, size, found, at_sizes):
@@ -177,7 +178,7 @@ def _verify(inputs, config, output):
             missed.append(said)
         worst_size = min(at_sizes, key=lambda size: _lowest_sqnr(at_sizes[size][0]))
         found, unpruned, *_ = at_sizes[worst_size]
-        worst = _worst(found)
+        worst = worst_output(found)
         # accuracy comes from the labelled data (the first group), whichever size was worst
         labelled = {key: value for key, value in at_sizes[groups[0][0]][0][worst].items()
                     if key.startswith("accuracy")}
