@@ -77,13 +77,13 @@ def layer_activations(model):
     """[(layer, "conv" | "linear", activation)]: each convolution or linear layer whose output goes straight (through
     batch norm, which fusion folds) into an activation. From an FX trace of forward; for a model FX cannot trace,
     from consecutive children of nn.Sequential containers, as the fuse stage does."""
-    try:
-        graph_module = torch.fx.symbolic_trace(model)
+    try:  # the graph alone: a GraphModule could not hold a child named `meta` (worker.capture_root)
+        graph = torch.fx.Tracer().trace(model)
     except Exception:  # noqa: BLE001 - data-dependent control flow and the like: FX raises many types
         return _sequential_layer_activations(model)
-    modules = dict(graph_module.named_modules())
+    modules = dict(model.named_modules())
     pairs = []
-    for node in graph_module.graph.nodes:
+    for node in graph.nodes:
         kind = _layer_kind(node, modules)
         if kind is None:
             continue

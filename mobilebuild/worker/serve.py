@@ -99,14 +99,15 @@ def _outcome(request):
         run_stage(**request)
         return {}
     except MobileBuildError as exc:
-        return {"error": {"message": exc.message, "field": exc.field, "file": exc.file}}
+        return {"error": {"message": _user_text(exc.message), "field": exc.field, "file": exc.file}}
     except OSError as exc:
         return {"oserror": {"errno": exc.errno, "strerror": exc.strerror, "filename": _text(exc.filename),
                             "text": str(exc)}}
     except Exception as exc:  # noqa: BLE001 - a library failing on the model, else a bug of ours
         failure = failures.library_failure(exc, _first_line())
         if failure is not None:
-            return {"failure": failure}
+            return {"failure": {**failure, "error": _user_text(failure["error"]),
+                                "part": failure["part"] and _user_text(failure["part"])}}
         return {"crash": traceback.format_exc()}  # its traceback goes back to the build
 
 
@@ -118,6 +119,15 @@ def _first_line():
     from mobilebuild.worker.stages import modeling
 
     return modeling.first_line
+
+
+def _user_text(text):
+    """capture_root.user_text where torch is loaded (only a stage that loaded it captures a graph)."""
+    if "torch" not in sys.modules:
+        return text
+    from mobilebuild.worker import capture_root
+
+    return capture_root.user_text(text)
 
 
 def _text(filename):

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from mobilebuild.worker import metrics
+from mobilebuild.worker import capture_root, metrics
 from mobilebuild.worker.stages import exclusion
 
 # Nodes that only move or view data: never a layer of their own
@@ -72,6 +72,8 @@ class Errors:
                 continue
             uncompared.append({"name": name, "op": op, "reason": why})
         uncompared += [{"name": name, "op": op, "reason": why} for (name, op), why in self.skipped.items()]
+        for row in rows + uncompared:  # a layer named as the user's model names it
+            row["name"] = capture_root.user_text(row["name"])
         return (sorted(rows, key=lambda row: (row["sqnr_db"], row["name"], row["op"])),
                 sorted(uncompared, key=lambda row: (row["name"], row["op"])))
 

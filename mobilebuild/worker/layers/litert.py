@@ -22,6 +22,7 @@ import collections
 import torch
 from torch.ao.nn.intrinsic import _FusedModule
 
+from mobilebuild.worker import capture_root
 from mobilebuild.worker.layers.common import Errors
 from mobilebuild.worker.runtimes import litert as runtime
 from mobilebuild.worker.stages import fuse
@@ -62,7 +63,7 @@ def layers(model):
 
 def compare(inputs, config, chunks):
     """The layers hook (see mobilebuild.worker.stages.layers)."""
-    model = fuse.load(inputs["model"], config).eval()
+    model = capture_root.nested(fuse.load(inputs["model"], config).eval(), len(chunks[0]))
     known = locations(model)
     leaves = layers(model)
     found = runtime.interpreter(inputs["artifact"], preserve=True)

@@ -20,7 +20,7 @@ import onnxruntime
 import torch
 from onnxruntime.quantization import qdq_loss_debug
 
-from mobilebuild.worker import metrics, progress, quiet
+from mobilebuild.worker import capture_root, metrics, progress, quiet
 from mobilebuild.worker.layers import onnx_surgery
 from mobilebuild.worker.layers.common import Errors
 from mobilebuild.worker.stages import export, fuse, modeling
@@ -34,7 +34,8 @@ def compare(inputs, config, chunks):
     model, cut out, on the float model's values."""
     progress.note("exporting the float model again")
     exporting = config.options or {}
-    proto = export.export_float(fuse.load(inputs["model"], config), config.inputs, exporting.get("opset"),
+    model = capture_root.nested(fuse.load(inputs["model"], config), len(config.inputs))
+    proto = export.export_float(model, config.inputs, exporting.get("opset"),
                                 config.outputs, exporting.get("exporter"), notes=False)
     qdq = onnx.load(inputs["artifact"])
     names = [spec["name"] for spec in config.inputs]
@@ -118,8 +119,9 @@ def _scopes(proto):
             classes = ast.literal_eval(meta.get("pkg.torch.onnx.class_hierarchy", "None")) or []
         except (ValueError, SyntaxError):
             continue
-        # name_scopes: the root '', each module's path, the node's own name; class_hierarchy: their classes
-        if len(scopes) > 2 and scopes[-2]:
+        # name_scopes: the root '', each module's path, the node's own name; class_hierarchy: their classes. A
+        # capture root's node is the model's root's
+        if len(scopes) > 2 and scopes[-2] and scopes[-2] != capture_root.ROOT:
             kind = classes[len(scopes) - 2] if len(classes) >= len(scopes) - 1 else None
             found[node.name] = (scopes[-2], kind.rsplit(".", 1)[-1] if isinstance(kind, str) else None)
             around.update(path for path in scopes[1:-2] if path)

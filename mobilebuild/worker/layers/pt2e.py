@@ -14,7 +14,7 @@ from executorch.export.stages import QuantizeStage
 from torchao.quantization.pt2e._numeric_debugger import OutputLogger, prepare_for_propagation_comparison
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-from mobilebuild.worker import progress, quiet
+from mobilebuild.worker import capture_root, progress, quiet
 from mobilebuild.worker.layers.common import MOVES, Errors, exclusions
 from mobilebuild.worker.stages import fuse, lower, modeling
 
@@ -47,7 +47,8 @@ def compare(inputs, config, chunks):
     """The layers hook (see mobilebuild.worker.stages.layers): both graphs logged, each int8 node fed the float
     graph's input."""
     progress.note("quantizing as the lower stage does")
-    reference, quantized = quantized_graphs(fuse.load(inputs["model"], config), config)
+    model = capture_root.nested(fuse.load(inputs["model"], config), len(config.inputs))
+    reference, quantized = quantized_graphs(model, config)
     reference = prepare_for_propagation_comparison(reference)
     quantized = prepare_for_propagation_comparison(quantized)
 
@@ -152,12 +153,13 @@ def _labels(groups):
 
 
 def _stack(stack):
-    """[(module path, class name)] of a node's nn_module_stack, outermost first, the root left out."""
+    """[(module path, class name)] of a node's nn_module_stack, outermost first, the root (and a capture root's
+    model) left out."""
     found = []
     for path, kind in (stack.values() if isinstance(stack, dict) else ()):
         path = path.removeprefix("L['self']").removeprefix(".")
         kind = kind if isinstance(kind, str) else \
             f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}"
-        if path:
+        if path and path != capture_root.ROOT:
             found.append((path, kind))
     return found

@@ -23,6 +23,7 @@ from torch.ao import quantization as tq
 from torch.ao.nn.intrinsic import _FusedModule
 
 from mobilebuild.errors import MobileBuildError, few
+from mobilebuild.worker import capture_root
 from mobilebuild.worker.stages import fuse
 
 FIELD = "quantize.exclude"
@@ -54,6 +55,8 @@ def resolve(model, entries, field=FIELD):
     kept (it holds the others). Entries that match nothing are one error naming some of the model's modules."""
     if not entries:
         return []
+    if isinstance(model, capture_root.Nested):  # the model's own paths, as the graph captured from the root names them
+        return capture_root.paths(model, resolve(model.get_submodule(capture_root.ROOT), entries, field))
     modules = {path: module for path, module in model.named_modules() if path}
     found, unknown = set(), []
     for entry in entries:

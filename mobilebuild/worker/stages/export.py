@@ -61,7 +61,7 @@ import onnx
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import outputs, progress
+from mobilebuild.worker import capture_root, outputs, progress
 from mobilebuild.worker.quiet import native_stdout_dropped, quiet
 from mobilebuild.worker.stages import calibration, exclusion, fuse, lower, modeling
 
@@ -539,7 +539,7 @@ def float_recurrent_line(proto, mode, excluded=()):
 
 
 def run(inputs, config, output):
-    model = fuse.load(inputs["model"], config)
+    model = capture_root.nested(fuse.load(inputs["model"], config), len(config.inputs))
     exclude = exclusion.resolve(model, config.exclude) if config.precision == "int8" else ()
     options = config.options or {}
     exporter = options.get("exporter")

@@ -45,10 +45,11 @@ class _LeavesTracer(torch.fx.Tracer):
 
 def _call_sequences(model, leaves=()):
     """Chains of module calls where each output feeds only the next module, from an FX trace of forward (modules
-    of the types `leaves` traced as calls, not through); for models FX cannot trace, consecutive children of
-    nn.Sequential containers."""
+    of the types `leaves` traced as calls, not through, as torch.nn's are); for models FX cannot trace,
+    consecutive children of nn.Sequential containers."""
     try:
-        graph = _LeavesTracer(leaves).trace(model) if leaves else torch.fx.symbolic_trace(model).graph
+        # the graph alone: a GraphModule built around it could not hold a child named `meta` (capture_root)
+        graph = _LeavesTracer(leaves).trace(model)
     except Exception:  # data-dependent control flow and the like: fall back to the static structure
         return _sequential_runs(model)
     calls = [node for node in graph.nodes if node.op == "call_module"]

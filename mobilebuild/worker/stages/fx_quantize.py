@@ -21,6 +21,7 @@ from torch.ao.quantization.observer import ObserverBase
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 from mobilebuild.errors import MobileBuildError, few
+from mobilebuild.worker import capture_root
 from mobilebuild.worker.stages import calibration, modeling
 
 
@@ -51,8 +52,9 @@ def _mapping(engine, qconfig, exclude=()):
 def prepared(model, engine, specs, qconfig=None, exclude=()):
     """The model traced by FX with observers in place, ready to calibrate."""
     example = modeling.example_inputs(specs)
+    model = capture_root.nested(model.eval(), len(example))
     try:
-        observed = prepare_fx(model.eval(), _mapping(engine, qconfig, exclude), example,
+        observed = prepare_fx(model, _mapping(engine, qconfig, capture_root.paths(model, exclude)), example,
                               backend_config=_backend_config(engine))
     except Exception as exc:  # symbolic tracing raises many types on data-dependent Python
         raise MobileBuildError(f"FX graph mode cannot trace the model for quantization ({modeling.first_line(exc)}); "

@@ -31,7 +31,7 @@ import re
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import progress
+from mobilebuild.worker import capture_root, progress
 from mobilebuild.worker.quiet import native_stderr, quiet
 from mobilebuild.worker.runtimes import litert as runtime
 from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
@@ -280,7 +280,7 @@ def to_bytes(model, config, exclude=()):
 
 
 def run(inputs, config, output):
-    model = fuse.load(inputs["model"], config).eval()
+    model = capture_root.nested(fuse.load(inputs["model"], config).eval(), len(config.inputs))
     exclude = exclusion.resolve(model, config.exclude) if config.precision == "int8" else ()
     data = to_bytes(model, config, exclude)
     # a file LiteRT's interpreter cannot load (a kernel refusing its quantization) is refused here, in one line,

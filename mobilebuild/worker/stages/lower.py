@@ -43,7 +43,7 @@ import re
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import outputs, progress, pte
+from mobilebuild.worker import capture_root, outputs, progress, pte
 from mobilebuild.worker.coreml import reproducible_coreml
 from mobilebuild.worker.executorch_setup import ensure_flatc, softmax_in_nchw
 from mobilebuild.worker.quiet import quiet
@@ -446,7 +446,7 @@ undelegated_message = pte.undelegated_message
 
 def run(inputs, config, output):
     delegate, precision = config.delegate, config.precision
-    model = fuse.load(inputs["model"], config)
+    model = capture_root.nested(fuse.load(inputs["model"], config), len(config.inputs))
     samples, exclude = None, ()
     if precision == "int8":
         exclude = exclusion.resolve(model, config.exclude)
