@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 import torch
+from tiny_models import HOST_TARGETS
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
@@ -112,12 +113,7 @@ def test_image_and_meta_builds_verifies_and_names_its_modules_on_every_host_rout
     """Every host route (PyTorch Mobile fp32 and int8, ExecuTorch, ONNX Runtime, LiteRT), with `meta.0` kept float in
     int8 and each per-layer table naming the user's modules."""
     (project.root / "image_and_meta.py").write_text(IMAGE_AND_META)
-    targets = [{"backend": "xnnpack"}, {"backend": "qnnpack"},
-               {"backend": "xnnpack", "runtime": "executorch", "name": "et-fp32"},
-               {"backend": "xnnpack", "runtime": "executorch", "precision": "int8", "name": "et-int8"},
-               {"backend": "onnx", "name": "onnx-fp32"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"},
-               {"backend": "xnnpack", "runtime": "litert", "name": "litert-fp32"},
-               {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"}]
+    targets = HOST_TARGETS
     project.write_recipe({
         "name": "imeta", "model": {"factory": "image_and_meta:make", "batchnorm_stats": 4},
         "inputs": [{"name": "image", "shape": [1, 3, 32, 32], "distribution": {"uniform": {"low": 0, "high": 1}}},

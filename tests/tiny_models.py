@@ -210,3 +210,12 @@ class TinyHardswish(nn.Module):
 def tiny_hardswish():
     torch.manual_seed(0)
     return randomize_batchnorm(TinyHardswish())
+
+
+# Every target this host builds and runs, one per route and precision, named as the zoo's columns
+HOST_TARGETS = [{"backend": "xnnpack"}, {"backend": "qnnpack"},
+                {"backend": "xnnpack", "runtime": "executorch", "name": "et-fp32"},
+                {"backend": "xnnpack", "runtime": "executorch", "precision": "int8", "name": "et-int8"},
+                {"backend": "onnx", "name": "onnx-fp32"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"},
+                {"backend": "xnnpack", "runtime": "litert", "name": "litert-fp32"},
+                {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"}]

@@ -20,15 +20,10 @@ No torch or executorch import at this module's top: finding the file costs nothi
 
 import contextlib
 import importlib.util
-import logging
 import os
 from pathlib import Path
 
 FLATC_VARIABLE = "FLATC_EXECUTABLE"
-
-# torchao, which ExecuTorch imports, registers an Enum with torch's pytree, and torch logs a deprecation warning about
-# it in every process that lowers or runs a .pte: a line in every build log that says nothing about the user's model.
-logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
 def shipped_flatc():

@@ -7,6 +7,7 @@ inputs when a recipe leaves them out: the plan never imports torch, timm or tran
 
 import contextlib
 import difflib
+import inspect
 import json
 import logging
 import os
@@ -111,6 +112,18 @@ def transformers_config(source):
             if hasattr(holder, "use_cache"):
                 holder.use_cache = False
     return config
+
+
+def single_pass(model):
+    """Turn off the cache of a transformers model built elsewhere (a factory's, timm's): its single pass then returns
+    no cache object, as a `transformers:` source's does (transformers_config). True where one was on and forward
+    takes use_cache (an encoder's configuration may have it on, to no effect)."""
+    config = getattr(model, "config", None)
+    holders = [holder for holder in (_configs(config) if config is not None else ())
+               if getattr(holder, "use_cache", False) is True]
+    for holder in holders:
+        holder.use_cache = False
+    return bool(holders) and "use_cache" in inspect.signature(model.forward).parameters
 
 
 def _configs(config):

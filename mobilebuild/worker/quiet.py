@@ -12,6 +12,15 @@ import tempfile
 import threading
 import warnings as _warnings
 
+# torchao registers Enums with torch's pytree, and torch logs a deprecation line about each in every process that
+# imports it (ExecuTorch, transformers and a user's own factory do): lines that say nothing about the user's model.
+# Every stage worker imports this module before any stage runs.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+# transformers' advice about a model's configuration (a bos_token_id outside a tiny vocabulary, an unset loss type),
+# at every stage that builds the model, from a factory's transformers model too (a `transformers:` source's are off
+# already: hub.quiet_transformers); read where transformers is first imported
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
 
 @contextlib.contextmanager
 def quiet(logs=logging.CRITICAL, warnings=True, output=True):

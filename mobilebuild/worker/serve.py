@@ -22,7 +22,7 @@ from mobilebuild.worker.progress import STARTED
 # torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
 # recipe.
 _QUIET = [(FutureWarning, r"torch(\..*)?"), (DeprecationWarning, r"torch(\..*)?"), (Warning, r"torch\.ao\..*"),
-          (UserWarning, r"torch\._utils")]
+          (UserWarning, r"torch\._utils"), (FutureWarning, r"transformers(\..*)?")]
 # torch's own deprecations that Python attributes to another module: a deep copy of a pytree spec (torch.export's
 # graphs hold them) builds its LeafSpec in copyreg, and LeafSpec's class warns on construction
 _QUIET_MESSAGES = [(FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated")]

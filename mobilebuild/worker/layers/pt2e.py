@@ -14,7 +14,8 @@ from executorch.export.stages import QuantizeStage
 from torchao.quantization.pt2e._numeric_debugger import OutputLogger, prepare_for_propagation_comparison
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-from mobilebuild.worker import capture_root, progress, quiet
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.worker import capture_root, progress, pte, quiet
 from mobilebuild.worker.layers.common import MOVES, Errors, exclusions
 from mobilebuild.worker.stages import fuse, lower, modeling
 
@@ -46,6 +47,10 @@ def quantized_graphs(model, config):
 def compare(inputs, config, chunks):
     """The layers hook (see mobilebuild.worker.stages.layers): both graphs logged, each int8 node fed the float
     graph's input."""
+    made = pte.read(inputs["artifact"]).record if "artifact" in inputs else None
+    if made and made.get("quantizer") == lower.TORCHAO_INT8:  # not PT2E's graph: nothing here to compare it with
+        raise MobileBuildError(f"the artifact is torchao's dynamic int8, which the lower stage used where PT2E failed "
+                               f"({made['why']}); this comparison runs PT2E's quantizer", field="targets")
     progress.note("quantizing as the lower stage does")
     model = capture_root.nested(fuse.load(inputs["model"], config), len(config.inputs))
     reference, quantized = quantized_graphs(model, config)

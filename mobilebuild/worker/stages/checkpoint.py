@@ -97,7 +97,7 @@ def check_input(model, specs):
 
 
 def run(inputs, config, output):
-    model = modeling.build_model(config.model, config.seed)
+    model = modeling.build_model(config.model, config.seed, notes=True)
     if "weights" in inputs:
         modeling.load_weights(model, inputs["weights"], field="model.checkpoint")
     if config.batchnorm_stats:

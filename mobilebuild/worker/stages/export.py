@@ -62,7 +62,7 @@ import torch
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.worker import capture_root, outputs, progress
-from mobilebuild.worker.quiet import native_stdout_dropped, quiet
+from mobilebuild.worker.quiet import dropped_logs, native_stdout_dropped, quiet
 from mobilebuild.worker.stages import calibration, exclusion, fuse, lower, modeling
 
 MIN_OPSET = 18  # the exporter's own floor (torch.onnx's TORCHLIB_OPSET)
@@ -299,7 +299,11 @@ def export_error(exc):
             f"torch.export cannot capture the model ({detail}){where}; ONNX export needs forward free of Python "
             "control flow on tensor values and of non-tensor outputs (torch.cond expresses branches)",
             field="targets")
-    if kind == "ConversionError":
+    if kind == "ConversionError" and not any(type(error).__name__ == "DispatchError" for error in chain):
+        # its steps after the capture (decompositions, translating a node) failed, not for want of a translation
+        return MobileBuildError(f"torch.onnx.export failed on the graph torch.export captured ({detail}){where}",
+                                field="targets")
+    if kind == "ConversionError":  # the exporter has no ONNX function for an operation
         target = _ATEN_TARGET.search(text)
         operation = f" for {target[1]}" if target else ""
         return MobileBuildError(
@@ -428,8 +432,10 @@ def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=Non
         ranges = Path(folder) / "ranges.json"
         quant_pre_process(proto, prepared, skip_optimization=True, skip_symbolic_shape=True)
         try:
-            # its warnings are shown once its model is known to be the one kept
-            with warnings.catch_warnings(record=True) as caught:
+            # its warnings are shown once its model is known to be the one kept; a 1-D weight (a layer norm's) is
+            # quantized per tensor where per-channel asks for an axis it lacks, which it logs for each one
+            with warnings.catch_warnings(record=True) as caught, \
+                    dropped_logs("qdq_quantizer", r"^Axis -?\d+ is out-of-range for weight"):
                 quantize_static(prepared, quantized, feeds, calibration_cache_path=ranges,
                                 **({"nodes_to_exclude": excluded} if excluded else {}), **calibrating)
         except ValueError as exc:

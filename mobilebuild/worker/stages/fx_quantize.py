@@ -57,10 +57,22 @@ def prepared(model, engine, specs, qconfig=None, exclude=()):
         observed = prepare_fx(model, _mapping(engine, qconfig, capture_root.paths(model, exclude)), example,
                               backend_config=_backend_config(engine))
     except Exception as exc:  # symbolic tracing raises many types on data-dependent Python
-        raise MobileBuildError(f"FX graph mode cannot trace the model for quantization ({modeling.first_line(exc)}); "
-                               "make forward free of Python control flow on tensor values, or use quantize.mode: "
-                               "dynamic", field="model") from None
+        raise Untraceable(f"FX graph mode cannot trace the model for quantization ({modeling.first_line(exc)})",
+                          isinstance(exc, torch.fx.proxy.TraceError)) from None
     return _integers_unobserved(observed, example)
+
+
+class Untraceable(MobileBuildError):
+    """FX graph mode cannot trace the model (`reason`: what the tracer said): the quantize stage may quantize it
+    dynamically instead. The advice on control flow only where that is what the tracer reported (torch.fx's
+    TraceError on a Proxy used as a bool, an iterator or a length), not for what transformers' forward trips on
+    ("code: co_varnames is too small")."""
+
+    def __init__(self, reason, control_flow=False):
+        advice = ("make forward free of Python control flow on tensor values, or use quantize.mode: dynamic"
+                  if control_flow else "use quantize.mode: dynamic, which does not trace it")
+        super().__init__(f"{reason}: {advice}", field="model")
+        self.reason, self.control_flow = reason, control_flow
 
 
 def _integers_unobserved(observed, example):

@@ -113,11 +113,12 @@ def source_field(source):
                 "model.torchvision")
 
 
-def build_model(source, seed, weights=True):
+def build_model(source, seed, weights=True, notes=False):
     """A freshly initialised model from the recipe's `model` source, seeded, in eval mode, taking the recipe's inputs
     (the source's "inputs": their names) by name where forward has parameters of those names (named_inputs).
     `weights`: a transformers `pretrained` folder's weights are loaded (else its configuration alone: the caller
-    loads weights of its own)."""
+    loads weights of its own). A transformers model from any other source gets its cache off as a `transformers:`
+    source's is (hub.single_pass), said in a line where `notes`."""
     torch.manual_seed(seed)
     kwargs = dict(source.get("kwargs", {}))
     convert = None
@@ -131,6 +132,9 @@ def build_model(source, seed, weights=True):
         model, field, name = _built(source, kwargs)
     if not isinstance(model, torch.nn.Module):
         raise MobileBuildError(f"{name} returned {type(model).__name__}, expected a torch.nn.Module", field=field)
+    if "transformers" not in source and hub.single_pass(model) and notes:
+        print(f"   note: {name} returns a transformers model with its cache on (use_cache): turned off, as a single "
+              "pass returns no cache (a recipe with generate: keeps it)")
     if source.get("inputs"):
         model = named_inputs.bind(model, source["inputs"], convert)
     return model.eval()

@@ -12,7 +12,7 @@ from torch import nn
 from torch.ao import quantization as tq
 from torch.overrides import TorchFunctionMode
 
-from mobilebuild.errors import MobileBuildError
+from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.worker import failures, quiet
 from mobilebuild.worker.stages import calibration, exclusion, fuse, fx_quantize, modeling
 
@@ -105,7 +105,18 @@ def prepared(model, engine, qconfig, specs=None, exclude=()):
     exclusion.islands(model.module if isinstance(model, tq.QuantWrapper) else model, exclude,
                       model if specs else None, modeling.example_inputs(specs) if specs and exclude else ())
     model.qconfig = qconfig
+    for _, embedding in embeddings(model):
+        embedding.qconfig = None
     return tq.prepare(model, inplace=True)
+
+
+def embeddings(model):
+    """[(path, module)] of the model's embeddings, which eager static int8 keeps float: eager mode quantizes an
+    embedding's weights alone (float_qparams_weight_only_qconfig, and refuses any other qconfig), into a module
+    that only looks rows up, while models also read an embedding's weight as a tensor (Whisper's encoder adds
+    embed_positions.weight to its features)."""
+    return [(path, module) for path, module in model.named_modules()
+            if isinstance(module, (nn.Embedding, nn.EmbeddingBag))]
 
 
 def prepare_qat_model(model, engine, fuse_setting="auto", weights=None):
@@ -129,9 +140,10 @@ def static(model, engine, batches, weights=None, field="quantize.calibration", s
 
 
 def static_any(model, engine, make_batches, weights, field, specs, source_field="model", exclude=(), observer=None):
-    """(quantized model, note): eager mode, as the performance recipe does, or where eager mode cannot quantize a
-    model not written for it (`x + y`, SiLU, layer norm on quantized tensors: an operation without a quantized
-    kernel; several inputs, or integer ones), FX graph mode; the note says so, and which operations stay float.
+    """(quantized model, note): eager mode, as the performance recipe does (the note: the embeddings it keeps float),
+    or where eager mode cannot quantize a model not written for it (`x + y`, SiLU, layer norm on quantized tensors:
+    an operation without a quantized kernel; several inputs, or integer ones), FX graph mode; the note says so, and
+    which operations stay float.
     `make_batches()` gives the calibration batches afresh: eager mode may have used them up. `exclude`: the paths
     of the modules kept float (exclusion.resolve), `observer`: quantize.observer."""
     use_engine(engine)  # FX graph mode converts and checks on the engine too
@@ -141,7 +153,9 @@ def static_any(model, engine, make_batches, weights, field, specs, source_field=
                        specs, exclude, observer)
         try:
             check_runs(eager, specs, engine, field=source_field)
-            return eager, None
+            kept = embeddings(model)
+            return eager, (f"note: eager static int8 keeps embeddings float: {few([path for path, _ in kept])} (its "
+                           "int8 embeddings only look rows up, and take weight-only int8 alone)" if kept else None)
         except MobileBuildError as eager_failure:
             if written_for_eager:
                 raise
@@ -151,7 +165,11 @@ def static_any(model, engine, make_batches, weights, field, specs, source_field=
         reason = f"its stubs take one float input, and the model takes {modeling.describe_inputs(specs)}"
     granularity = fx_quantize.weights(weights)
     qconfig = qconfig_for(engine, granularity, observer=observer)
-    quantized = fx_quantize.static(model, engine, make_batches(), specs, qconfig, field, exclude)
+    try:
+        quantized = fx_quantize.static(model, engine, make_batches(), specs, qconfig, field, exclude)
+    except fx_quantize.Untraceable as untraceable:
+        raise fx_quantize.Untraceable(f"eager mode cannot quantize it ({reason}), and {untraceable.reason}",
+                                      untraceable.control_flow) from None
     check_runs(quantized, specs, engine, field=source_field)
     kept = fx_quantize.kept_float(quantized)
     floats = ", ".join(f"{name} x{count}" for name, count in sorted(kept.items())) or "none"
@@ -181,9 +199,9 @@ def load_quantized(inputs, config):
     engine, quantization, specs = config.engine, config.quantization, config.inputs
     fused = fuse.load(inputs["model"], config)
     exclude = exclusion.resolve(fused, quantization.get("exclude"))
-    if quantization["mode"] == "dynamic":  # from the weights alone: recomputed exactly
-        return dynamic(fused, engine, quantization["weights"], exclude).eval()
     saved = modeling.load_weights_only(inputs["quantized"], field=None)
+    if quantization["mode"] == "dynamic" or saved == {"mode": "dynamic"}:  # the weights alone: recomputed exactly
+        return dynamic(fused, engine, quantization["weights"], exclude).eval()
     # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
     # ones: the cheapest observer gives the same structure, where the engine's HistogramObserver would spend its
     # parameter search on nothing (timm's mobileone_s0 in FX graph mode: 281 s of a 30 s rebuild)
@@ -285,31 +303,47 @@ def stored_state(quantized, engine, field):
                                field=field) from None
 
 
+def dynamic_instead(model, engine, weights, exclude, untraceable):
+    """(dynamic int8 of `model`, the note saying why) where static int8 cannot trace it (`untraceable`, FX graph
+    mode's failure) and it has layers dynamic int8 quantizes (Linear, recurrent: a Transformer's); else the failure,
+    as it was."""
+    if not any(isinstance(module, DYNAMIC_TYPES) for module in model.modules()):
+        raise untraceable
+    note = (f"note: {untraceable.reason}: quantized dynamically instead (int8 weights of its Linear and recurrent "
+            "layers, activations quantized as it runs; no calibration)")
+    return dynamic(model, engine, weights, exclude), note
+
+
 def run(inputs, config, output):
-    engine, weights = config.engine, config.weights
+    engine, weights, mode = config.engine, config.weights, config.mode
     source_field = modeling.source_field(config.model)
     note = None
-    if config.mode != "qat":
+    if mode != "qat":
         fused = fuse.load(inputs["model"], config)
         exclude = exclusion.resolve(fused, config.exclude)  # before calibrating: a wrong name fails at once
-    if config.mode == "static":
-        quantized, note = static_any(fused, engine, lambda: calibration.batches(config.calibration, config.inputs),
-                                     weights, calibration.field(config.calibration), config.inputs, source_field,
-                                     exclude, config.observer)
-    elif config.mode == "dynamic":
+    if mode == "static":
+        try:
+            quantized, note = static_any(fused, engine, lambda: calibration.batches(config.calibration,
+                                                                                     config.inputs),
+                                         weights, calibration.field(config.calibration), config.inputs, source_field,
+                                         exclude, config.observer)
+        except fx_quantize.Untraceable as untraceable:
+            (quantized, note), mode = dynamic_instead(fused, engine, weights, exclude, untraceable), "dynamic"
+    elif mode == "dynamic":
         quantized = dynamic(fused, engine, weights, exclude)
     else:
         quantized = from_qat(config.model, inputs["trained"], engine, config.fuse, weights)
-    if config.mode != "static":  # static_any has run it
+    if mode != "static":  # static_any has run it
         check_runs(quantized, config.inputs, engine, field=source_field)
-    if config.mode == "dynamic":
+    if note:
+        print(f"   {note}")
+    if mode == "dynamic":
         # Recurrent layers' packed weights pickle as TorchScript objects, which no weights-only load accepts; the
         # stages after this one recompute dynamic quantization from the fused weights (see load_quantized).
         state = {"mode": "dynamic"}
     else:
         state = stored_state(quantized, engine, source_field)
-    if note:
-        print(f"   {note}")
+    if isinstance(quantized, torch.fx.GraphModule):
         # load_quantized rebuilds it with FX, not eager mode; packed weights are stored as their tensors
         state = {GRAPH_MODE: "fx", **fx_quantize.storable(state)}
     modeling.save(state, output)

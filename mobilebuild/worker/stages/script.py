@@ -9,7 +9,7 @@ import zipfile
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import metrics, outputs
+from mobilebuild.worker import metrics, outputs, quiet
 from mobilebuild.worker.stages import fuse, modeling, quantize
 
 
@@ -141,7 +141,8 @@ def run(inputs, config, output):
         model = fuse.load(inputs["model"], config)
     if any(spec["memory_format"] == "channels_last" for spec in config.inputs):
         model = channels_last_inputs(model, config.inputs, config.mode)
-    data, _ = saved(model, config.mode, config.inputs)
+    with quiet.native_stderr(once=True):  # tracing runs the model: its kernels' C++ warnings, each shown once
+        data, _ = saved(model, config.mode, config.inputs)
     with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
         handle.write(data)
 
