@@ -146,6 +146,8 @@ def test_gpt2_from_a_factory_and_whispers_encoder_build_their_targets(project, f
     for noise in ("_pytree.py", "[transformers]", "FutureWarning", "WARNING:root", "[W"):
         assert noise not in console, noise
     assert "use_cache): turned off" in console and "quantized dynamically instead" in console
+    # how qnnpack's int8 was made travels in the .ptl's record to the report
+    assert "int8 dynamic, as eager mode cannot quantize it" in project.artifact("report.md").read_text()
     built = [("gpt2", target.get("name", target["backend"])) for target in targets] + [("whisper", "qnnpack")]
     for recipe, name in built:
         verdict = json.loads(project.artifact(f"{recipe}/verify-{name}.json").read_text())

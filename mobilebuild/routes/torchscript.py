@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from mobilebuild.arm64 import torch_libs
 from mobilebuild.plan import stages
-from mobilebuild.plan.routes import Arm64, Checks, Int8, Route, Runtime, register
+from mobilebuild.plan.routes import Arm64, Checks, Int8, Route, Runtime, mapping, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource, Quantization
 
 FAMILY = "PyTorch Mobile"
@@ -131,9 +131,13 @@ stages.register(stages.Stage(
     recipe_fields={"options": "targets.optimize"}))
 
 def structure(facts):
-    """How the artifact was made, where not as the recipe asked (the script stage's traced fallback)."""
-    made = facts.get("torchscript")
-    return f"traced, as {made['why']}" if isinstance(made, dict) and made.get("why") else ""
+    """How the artifact was made, where not as the recipe asked: the quantize stage's dynamic int8 where static
+    could not be made, the script stage's traced fallback."""
+    made = mapping(facts.get("torchscript"))
+    int8 = mapping(made.get("int8"))
+    parts = [f"int8 {text(int8.get('int8'))}, as {text(int8.get('why'))}" if int8 else "",
+             f"traced, as {text(made.get('why'))}" if made.get("made_by") else ""]
+    return "; ".join(part for part in parts if part)
 
 
 STAGES = ("script", "optimize")

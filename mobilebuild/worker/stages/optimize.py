@@ -82,7 +82,8 @@ def run(inputs, config, output):
     carried = {script.RECORD: ""}
     scripted = torch.jit.load(inputs["scripted"], map_location="cpu", _extra_files=carried)
     record = json.loads(carried[script.RECORD]) if carried[script.RECORD] else None
-    mode = "trace" if record is not None else config.script_mode  # the script stage fell back to tracing
+    traced = record is not None and record.get("made_by") == "torch.jit.trace"  # the script stage fell back to it
+    mode = "trace" if traced else config.script_mode
     optimized = optimize(scripted, config.options, mode, config.inputs, backend)
     data = optimized._save_to_buffer_for_lite_interpreter(_extra_files={script.RECORD: json.dumps(record)}
                                                           if record is not None else {})

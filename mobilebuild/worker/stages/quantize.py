@@ -200,7 +200,7 @@ def load_quantized(inputs, config):
     fused = fuse.load(inputs["model"], config)
     exclude = exclusion.resolve(fused, quantization.get("exclude"))
     saved = modeling.load_weights_only(inputs["quantized"], field=None)
-    if quantization["mode"] == "dynamic" or saved == {"mode": "dynamic"}:  # the weights alone: recomputed exactly
+    if quantization["mode"] == "dynamic" or saved.get("mode") == "dynamic":  # the weights alone: recomputed exactly
         return dynamic(fused, engine, quantization["weights"], exclude).eval()
     # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
     # ones: the cheapest observer gives the same structure, where the engine's HistogramObserver would spend its
@@ -217,6 +217,13 @@ def load_quantized(inputs, config):
         model = tq.convert(prepared(fused, engine, skeleton, specs, exclude), inplace=True)
     model.load_state_dict(saved)
     return model.eval()
+
+
+def made_otherwise(path):
+    """How the quantize stage's model at `path` was made where not as the recipe asked ({"int8": "dynamic", "asked":
+    "static", "why": ...}: dynamic_instead), or None."""
+    saved = modeling.load_weights_only(path, field=None)
+    return saved.get("made") if saved.get("mode") == "dynamic" else None
 
 
 class _FailingCall(TorchFunctionMode):
@@ -306,7 +313,7 @@ def stored_state(quantized, engine, field):
 def dynamic_instead(model, engine, weights, exclude, untraceable):
     """(dynamic int8 of `model`, the note saying why) where static int8 cannot trace it (`untraceable`, FX graph
     mode's failure) and it has layers dynamic int8 quantizes (Linear, recurrent: a Transformer's); else the failure,
-    as it was."""
+    as it was. The stored state says so (made_otherwise), and the artifact's record after it."""
     if not any(isinstance(module, DYNAMIC_TYPES) for module in model.modules()):
         raise untraceable
     note = (f"note: {untraceable.reason}: quantized dynamically instead (int8 weights of its Linear and recurrent "
@@ -317,7 +324,7 @@ def dynamic_instead(model, engine, weights, exclude, untraceable):
 def run(inputs, config, output):
     engine, weights, mode = config.engine, config.weights, config.mode
     source_field = modeling.source_field(config.model)
-    note = None
+    note = made = None
     if mode != "qat":
         fused = fuse.load(inputs["model"], config)
         exclude = exclusion.resolve(fused, config.exclude)  # before calibrating: a wrong name fails at once
@@ -329,6 +336,7 @@ def run(inputs, config, output):
                                          exclude, config.observer)
         except fx_quantize.Untraceable as untraceable:
             (quantized, note), mode = dynamic_instead(fused, engine, weights, exclude, untraceable), "dynamic"
+            made = {"int8": "dynamic", "asked": "static", "why": untraceable.reason}
     elif mode == "dynamic":
         quantized = dynamic(fused, engine, weights, exclude)
     else:
@@ -340,7 +348,7 @@ def run(inputs, config, output):
     if mode == "dynamic":
         # Recurrent layers' packed weights pickle as TorchScript objects, which no weights-only load accepts; the
         # stages after this one recompute dynamic quantization from the fused weights (see load_quantized).
-        state = {"mode": "dynamic"}
+        state = {"mode": "dynamic", **({"made": made} if made else {})}
     else:
         state = stored_state(quantized, engine, source_field)
     if isinstance(quantized, torch.fx.GraphModule):

@@ -49,8 +49,9 @@ RECORD = "mobilebuild.json"
 FALLBACK_SQNR_DB = 80.0
 
 
-def saved(model, mode, specs):
-    """(the TorchScript file's bytes, its record or None). Where `script` fails, in compiling or in saving
+def saved(model, mode, specs, made=None):
+    """(the TorchScript file's bytes, its record or None: `made` ({"int8": quantize.made_otherwise's}, where its int8
+    was not made as the recipe asked), and the traced fallback's facts). Where `script` fails, in compiling or saving
     (timm's MobileViTv2: "Could not export Python function call"; every transformers model), the traced model
     instead, when it matches the eager model at every size verification checks (the dynamic dims' smallest and
     largest too: a trace may have recorded the example's sizes)."""
@@ -60,7 +61,7 @@ def saved(model, mode, specs):
                                f"so neither torch.jit.script nor torch.jit.trace can: {outputs.object_advice(held)}",
                                field="script")
     if mode != "script":
-        return _bytes(to_torchscript(model, mode, modeling.example_inputs(specs))), None
+        return _bytes(to_torchscript(model, mode, modeling.example_inputs(specs)), made), made
     saving = None  # torch.jit.save's own failure, once the model compiled: the library's, with its traceback
     try:
         # the compiler's notes on the model's annotations (timm's FX-quantized models: "instance-level annotations
@@ -72,7 +73,7 @@ def saved(model, mode, specs):
         why = f"torch.jit.script failed ({modeling.first_line(exc)})"
     else:
         try:
-            return _bytes(scripted), None
+            return _bytes(scripted, made), made
         except Exception as exc:  # the serializer too
             why, saving = f"torch.jit.script failed ({modeling.first_line(exc)})", exc
     try:
@@ -87,7 +88,8 @@ def saved(model, mode, specs):
         # traceback, worker/failures.py); the fallback's verdict goes beside it
         print(f"   note: its traced fallback cannot stand in: {exc.message}")
         raise saving from None
-    record = {"made_by": "torch.jit.trace", "asked": "torch.jit.script", "why": why, "checked_sqnr_db": checked}
+    record = {**(made or {}), "made_by": "torch.jit.trace", "asked": "torch.jit.script", "why": why,
+              "checked_sqnr_db": checked}
     print(f"   note: {why}: traced instead, as the eager model at the "
           + ", ".join(f"{size} ({db:.1f} dB)" for size, db in checked.items()) + " sizes")
     return _bytes(traced, record), record
@@ -135,14 +137,16 @@ def run(inputs, config, output):
     """The fused or quantized model (both rebuilt from the recipe, read weights-only) as TorchScript."""
     if config.engine:
         torch.backends.quantized.engine = config.engine
+    made = None
     if "quantized" in inputs:
         model = quantize.load_quantized(inputs, config)
+        made = quantize.made_otherwise(inputs["quantized"])
     else:
         model = fuse.load(inputs["model"], config)
     if any(spec["memory_format"] == "channels_last" for spec in config.inputs):
         model = channels_last_inputs(model, config.inputs, config.mode)
     with quiet.native_stderr(once=True):  # tracing runs the model: its kernels' C++ warnings, each shown once
-        data, _ = saved(model, config.mode, config.inputs)
+        data, _ = saved(model, config.mode, config.inputs, made and {"int8": made})
     with open(output, "wb") as handle:  # a failed write (full disk) raises OSError here; by path, torch aborts
         handle.write(data)
 
