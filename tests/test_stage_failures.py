@@ -11,8 +11,8 @@ from mobilebuild.engine import execute, worker_pool
 from mobilebuild.plan import stages
 from mobilebuild.worker import failures
 
-# Whisper's encoder in small: learned positions in an nn.Embedding, which eager static quantization refuses on qnnpack
-# ("Embedding quantization is only supported with float_qparams_weight_only_qconfig"); and a module whose forward
+# A convolution with circular padding, written for eager mode, which torch's quantized convolution refuses on
+# conversion ("'padding_mode' circular is not supported by quantized convolution"); and a module whose forward
 # calls a method TorchScript was told to ignore: it scripts, but torch.jit.save refuses it (MobileViTv2's
 # _forward_cross_attn)
 MODELS = textwrap.dedent('''
@@ -20,16 +20,15 @@ MODELS = textwrap.dedent('''
     from torch import nn
 
 
-    class Embedded(nn.Module):
+    class Circular(nn.Module):
         def __init__(self):
             super().__init__()
             self.quant = torch.ao.quantization.QuantStub()
-            self.positions = nn.Embedding(16, 8)
-            self.head = nn.Linear(8, 3)
+            self.wrap = nn.Conv2d(3, 8, 3, padding=1, padding_mode="circular")
             self.dequant = torch.ao.quantization.DeQuantStub()
 
         def forward(self, x):
-            return self.dequant(self.head(self.quant(self.positions(x))))
+            return self.dequant(self.wrap(self.quant(x)))
 
 
     class CrossAttention(nn.Module):
@@ -55,8 +54,8 @@ MODELS = textwrap.dedent('''
             return self.head(self.attn(x))
 
 
-    def embedded():
-        return Embedded()
+    def circular():
+        return Circular()
 
 
     def ignoring():
@@ -67,8 +66,7 @@ MODELS = textwrap.dedent('''
         return nn.Sequential(nn.Linear(8, 4), nn.Linear(5, 3))
 ''')
 
-EMBEDDED = {"name": "emb", "model": {"factory": "failing:embedded"},
-            "input": {"shape": [1, 6], "dtype": "int64", "range": [0, 16]},
+CIRCULAR = {"name": "circ", "model": {"factory": "failing:circular"}, "input": {"shape": [1, 3, 8, 8]},
             "quantize": {"calibration": {"batches": 2}}, "targets": [{"backend": "qnnpack"}]}
 IGNORING = {"name": "ign", "model": {"factory": "failing:ignoring"}, "input": {"shape": [1, 8]}, "script": "script",
             "targets": [{"backend": "xnnpack"}]}
@@ -183,9 +181,9 @@ def test_a_worker_replies_a_librarys_failure_as_data_and_a_bug_of_ours_as_a_cras
 @pytest.fixture
 def failing_build(project):
     (project.root / "failing.py").write_text(MODELS)
-    project.write_recipe(EMBEDDED)
+    project.write_recipe(CIRCULAR)
     project.write_recipe(IGNORING)
-    result = project.run("quantize:emb-qnnpack", "script:ign-fp32")
+    result = project.run("quantize:circ-qnnpack", "script:ign-fp32")
     return project, result
 
 
@@ -196,21 +194,21 @@ def test_a_library_failing_inside_a_stage_is_one_line_with_its_traceback_in_a_lo
     assert "Traceback" not in result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR:")]
     assert len(errors) == 2, result.stderr
-    quantize = next(line for line in errors if line.startswith("ERROR: quantize:emb-qnnpack: "))
-    log = project.root / ".mobilebuild/logs/quantize/emb-qnnpack.log"
+    quantize = next(line for line in errors if line.startswith("ERROR: quantize:circ-qnnpack: "))
+    log = project.root / ".mobilebuild/logs/quantize/circ-qnnpack.log"
     assert quantize == (
-        "ERROR: quantize:emb-qnnpack: recipes/emb.yaml: torch failed at positions (Embedding): AssertionError: "
-        "Embedding quantization is only supported with float_qparams_weight_only_qconfig. "
-        "(traceback: .mobilebuild/logs/quantize/emb-qnnpack.log)")
+        "ERROR: quantize:circ-qnnpack: recipes/circ.yaml: torch failed at wrap (Conv2d): ValueError: "
+        "'padding_mode' circular is not supported by quantized convolution "
+        "(traceback: .mobilebuild/logs/quantize/circ-qnnpack.log)")
     assert "Traceback (most recent call last)" in log.read_text()
-    assert "embedding_ops.py" in log.read_text()
+    assert "quantized/modules/conv.py" in log.read_text()
     script = next(line for line in errors if line.startswith("ERROR: script:ign-fp32: "))
     assert "recipes/ign.yaml: torch failed: RuntimeError: Could not export Python function call " \
            "'_forward_cross_attn'" in script
     assert script.endswith("(traceback: .mobilebuild/logs/script/ign-fp32.log)")
     assert "save_to_buffer" in (project.root / ".mobilebuild/logs/script/ign-fp32.log").read_text()
     # nothing half-made: no artifact, no temporary file beside it
-    assert not project.artifact("emb/quantized-qnnpack.pt").exists()
+    assert not project.artifact("circ/quantized-qnnpack.pt").exists()
     assert not project.artifact("ign/scripted-fp32.pt").exists()
     assert not [path for path in project.root.joinpath("artifacts").rglob("*") if ".partial" in path.name]
 
@@ -218,9 +216,9 @@ def test_a_library_failing_inside_a_stage_is_one_line_with_its_traceback_in_a_lo
 @pytest.mark.slow
 def test_doit_clean_removes_a_failed_nodes_log(failing_build):
     project, _ = failing_build
-    log = project.root / ".mobilebuild/logs/quantize/emb-qnnpack.log"
+    log = project.root / ".mobilebuild/logs/quantize/circ-qnnpack.log"
     assert log.exists()
-    assert project.run("clean", "quantize:emb-qnnpack").returncode == 0
+    assert project.run("clean", "quantize:circ-qnnpack").returncode == 0
     assert not log.exists()
     assert (project.root / ".mobilebuild/logs/script/ign-fp32.log").exists()
     assert project.run("clean").returncode == 0

@@ -87,7 +87,8 @@ def model_part(tb):
     """"path (Class)" of the model's module the failing frames were working on, where their local variables hold
     modules: from the innermost frame that holds one out, the smallest module that a larger one held by the frames
     contains, named by its path in the largest of them; None where no frame holds a module, or only whole models (or
-    modules of no model, like an observer a quantized module's constructor makes)."""
+    modules of no model, like an observer a quantized module's constructor makes). Quantization's observers are
+    machinery, never the part: one that prepare attached to a convolution names the convolution."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -104,11 +105,16 @@ def model_part(tb):
                     names.setdefault(id(module), name)
         for found in reversed(frames):
             for module in sorted(found, key=_size):
-                if id(module) in names:
+                if id(module) in names and not _machinery(module):
                     return f"{names[id(module)]} ({type(module).__name__})"
     except Exception:  # noqa: BLE001 - a module broken enough to fail while listed: the part stays unknown
         return None
     return None
+
+
+def _machinery(module):
+    """An observer or fake quantizer (torch.ao's, torchao's): what quantization hangs on a model's modules."""
+    return type(module).__module__.rsplit(".", 1)[-1] in ("observer", "fake_quantize")
 
 
 def _size(module):
