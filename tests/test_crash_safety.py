@@ -45,7 +45,7 @@ RECIPE = "tiny"
 # What a benchmark measures (and how long it waited to measure alone), and how long the per-layer comparison took;
 # everything else in their results (the artifact's hash and size, the settings, the layers' errors) is stable.
 TIMINGS = {"load_ms", "mean_ms", "median_ms", "p10_ms", "p90_ms", "stdev_ms", "peak_rss_mb", "speed_benchmark_line",
-           "waited_for_stages_s", "seconds"}
+           "waited_for_stages_s", "alone_s", "seconds"}
 TIMED_FILES = ("bench-*.json", "layers-*.json", "manifest.json")
 
 

@@ -112,10 +112,11 @@ def test_the_waits_are_counted_for_the_builds_last_line():
     threading.Timer(0.5, stage.release.set).start()
     with measure_alone.measuring_alone("mine") as waited:  # waits for the stage to finish
         assert waited >= 0.4
+        time.sleep(0.3)  # held alone
     stage.done()
     found = measure_alone.take_waited()
-    assert found["stages"] >= 0.4 and found["measurements"] >= 0.4
-    assert measure_alone.take_waited() == {"stages": 0.0, "measurements": 0.0}
+    assert found["stages"] >= 0.4 and found["measurements"] >= 0.4 and found["alone"] >= 0.3
+    assert measure_alone.take_waited() == {"stages": 0.0, "measurements": 0.0, "alone": 0.0}
     assert waits({"stages": 12.3, "measurements": 45.6}) == ("measuring alone: stages waited 12 s in all for "
                                                             "measurements to end, measurements 46 s for running "
                                                             "stages to finish")

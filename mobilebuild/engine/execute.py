@@ -15,7 +15,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from mobilebuild import store
-from mobilebuild.engine import distributed, worker_pool
+from mobilebuild.engine import distributed, node_times, worker_pool
 from mobilebuild.errors import MobileBuildError, few
 from mobilebuild.plan import stages
 
@@ -31,8 +31,9 @@ WAITED = "waited"
 
 def run_node(node):
     """Build one node, or fetch it from the shared cache (then return {FROM_CACHE: True}, which doit keeps as the
-    task's values); return doit's TaskFailed (rendered as a single line) for a user mistake."""
-    started = time.perf_counter()
+    task's values); return doit's TaskFailed (rendered as a single line) for a user mistake. A node built here goes
+    to the record of node times (node_times)."""
+    started, started_at = time.perf_counter(), time.time()
     try:
         shared, key = _cache_entry(node)
     except MobileBuildError as exc:  # a cache key that cannot be read
@@ -67,6 +68,7 @@ def run_node(node):
     if key is not None and not remote:  # a Dask worker has stored it
         with contextlib.suppress(OSError):  # an unwritable cache costs the next build time, never this one
             shared.store(key, {"artifact": Path(node.output)})
+    node_times.note(node.task_name, started_at, waited)
     return {WAITED: waited} if any((waited or {}).values()) else None
 
 

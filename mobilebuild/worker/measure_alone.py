@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 
 # Seconds this process waited since take_waited() last asked: stages for a measurement to end, measurements for
-# running stages to finish. The build adds every worker's up and says the totals on its last line.
-_WAITED = {"stages": 0.0, "measurements": 0.0}
+# running stages to finish; and "alone": how long its measurements held the host. The build adds every worker's
+# waits up and says the totals on its last line; each node's go to the record of its times (engine/node_times.py).
+_WAITED = {"stages": 0.0, "measurements": 0.0, "alone": 0.0}
 
 
 def take_waited():
-    """{"stages": s, "measurements": s} waited since the last call, then zeros."""
+    """{"stages": s, "measurements": s, "alone": s} since the last call, then zeros."""
     found = dict(_WAITED)
-    _WAITED.update(stages=0.0, measurements=0.0)
+    _WAITED.update(dict.fromkeys(_WAITED, 0.0))
     return found
 
 
@@ -116,3 +117,4 @@ def measuring_alone(label):
             yield waited
         finally:
             fcntl.flock(stages, fcntl.LOCK_UN)
+            _WAITED["alone"] += time.perf_counter() - started - waited

@@ -61,7 +61,7 @@ def measure(spec):
     step = max(1, timing["iters"] // (20 if sys.stderr.isatty() else 4))
     end = "\r" if sys.stderr.isatty() else "\n"
     with measure_alone.measuring_alone(spec["label"]) as waited, torch.no_grad():
-        started = time.perf_counter()
+        started = alone_since = time.perf_counter()
         model = runtimes.load(spec["path"], config)
         load_ms = (time.perf_counter() - started) * 1e3
         for _ in range(timing["warmup"]):
@@ -73,6 +73,7 @@ def measure(spec):
             if (index + 1) % step == 0 and progress.shown():
                 print(f"   {spec['label']}: {index + 1}/{timing['iters']} iterations", end=end, file=sys.stderr,
                       flush=True)
+    alone = time.perf_counter() - alone_since
     deciles = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
     return {
         "median_ms": statistics.median(samples),
@@ -84,4 +85,5 @@ def measure(spec):
         "peak_rss_mb": peak_rss_mb(),
         "threads": torch.get_num_threads(),
         "waited_for_stages_s": waited,  # how the number was taken: alone, after waiting this long for that
+        "alone_s": alone,  # how long it held the host alone: what a build's replay charges a measurement
     }

@@ -48,6 +48,7 @@ def time_in_subprocess(spec, measure=None):
     if "error" in result:
         raise MobileBuildError(f"the artifact fails when timed: {result['error']}", field="targets")
     measure_alone.add_waited("measurements", result.get("waited_for_stages_s", 0.0))  # its process's wait
+    measure_alone.add_waited("alone", result.get("alone_s", 0.0))
     return result
 
 

@@ -37,7 +37,7 @@ def measure(spec):
     torch.set_num_threads(settings["threads"])
     eager = config.runtime == "eager"
     with measure_alone.measuring_alone(spec["label"]) as waited, torch.no_grad():
-        started = time.perf_counter()
+        started = alone_since = time.perf_counter()
         generator = runtimes.load_generator(spec["path"], config, eager=eager)
         load_ms = (time.perf_counter() - started) * 1e3
         # the decode steps are many per run: fewer runs than the bench stage's single forwards give as many samples
@@ -48,8 +48,10 @@ def measure(spec):
         if not refused:
             found["runner"] = {"harness": RUNNER, **timings(llm_runner.time_on_host(
                 spec["path"], spec["tokenizer"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs))}
+    alone = time.perf_counter() - alone_since
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
-            "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited}
+            "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
+            "alone_s": alone}
 
 
 def timings(per_length):
