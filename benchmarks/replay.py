@@ -23,6 +23,7 @@ build's own wall time (its first start to its last end) against the replay at th
 
 import argparse
 import heapq
+import os
 import sys
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from _bench import REPO
 
 sys.path.insert(0, str(REPO))
 
+from mobilebuild import routes  # noqa: E402, F401 - the built-in routes, which recipes name
 from mobilebuild.engine import node_times  # noqa: E402
 from mobilebuild.plan import project, stages  # noqa: E402
 
@@ -161,7 +163,8 @@ def main():
     parser.add_argument("--workers", default="2,4,8,16,32,64")
     parser.add_argument("--recorded-workers", type=int, help="the -n the recorded build ran with: compare")
     args = parser.parse_args()
-    jobs, recorded, missing = jobs_of(args.project)
+    os.chdir(args.project)  # the plan reads a project from where it lies, as doit does
+    jobs, recorded, missing = jobs_of(".")
     if not recorded:
         sys.exit(f"{args.project}: no node times recorded ({node_times.RECORD}): build it first, with the shared "
                  "cache off (MOBILEBUILD_CACHE=off) for a cold build's times")

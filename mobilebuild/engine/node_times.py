@@ -19,7 +19,7 @@ RECORD = ".mobilebuild/node_times.jsonl"
 def note(task, started, waited):
     """Append `task`'s line: it started at `started` (time.time()) and ends now, with `waited` (take_waited's)."""
     line = {"task": task, "started": round(started, 3), "ended": round(time.time(), 3),
-            **{kind: round(seconds, 3) for kind, seconds in (waited or {}).items() if seconds}}
+            **{kind: round(seconds, 3) for kind, seconds in (waited or {}).items() if round(seconds, 3)}}
     with contextlib.suppress(OSError):  # a read-only checkout builds all the same
         os.makedirs(os.path.dirname(RECORD), exist_ok=True)
         with open(RECORD, "a") as handle:
