@@ -2,6 +2,7 @@
 flock locks, held by real processes."""
 
 import multiprocessing
+import os
 import tempfile
 import threading
 import time
@@ -16,6 +17,10 @@ WAIT = 60  # seconds: how long anything may take to happen at all, on a loaded m
 @pytest.fixture(autouse=True)
 def private_lock_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # measuring alone whatever the machine's cores (from RESERVE_FROM up, a core would be set aside): the tests of
+    # the reserved core set it themselves
+    monkeypatch.setenv(measure_alone.POLICY, "alone")
+    monkeypatch.delenv(measure_alone.RESERVED, raising=False)
 
 
 def _hold(kind, entered, release, folder):
@@ -121,3 +126,51 @@ def test_the_waits_are_counted_for_the_builds_last_line():
                                                             "measurements to end, measurements 46 s for running "
                                                             "stages to finish")
     assert waits({"stages": 0.2, "measurements": 0.3}) is None  # no line for a build nothing held up
+
+
+@pytest.fixture
+def reserved(monkeypatch):
+    """The reserved-core policy, on this machine's highest core; the test process's affinity put back after."""
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("a core set aside needs another for the stages")
+    monkeypatch.setenv(measure_alone.POLICY, "reserved-core")
+    monkeypatch.setenv(measure_alone.RESERVED, str(max(before)))  # as the policy chooses; gone after the test
+    assert measure_alone.reserved_core() == max(before)
+    yield max(before)
+    measure_alone._pinned(before)
+
+
+def test_the_policy_follows_the_cores(monkeypatch):
+    monkeypatch.delenv(measure_alone.POLICY)
+    cores = os.sched_getaffinity(0)
+    expected = max(cores) if len(cores) >= measure_alone.RESERVE_FROM else None
+    assert measure_alone.reserved_core() == expected
+    os.environ.pop(measure_alone.RESERVED, None)  # what it chose: gone, not put back
+
+
+def test_a_reserved_core_measures_beside_running_stages_which_keep_off_it(reserved):
+    stage = Holder("stage")
+    assert stage.entered.wait(WAIT)
+    before = os.sched_getaffinity(0)
+    with measure_alone.measuring_alone("model"):  # the stage still runs: no wait for it
+        assert os.sched_getaffinity(0) == {reserved}
+        assert stage.process.is_alive()
+    assert os.sched_getaffinity(0) == before
+    assert measure_alone.isolation() == {"policy": "reserved core", "core": reserved}
+    stage.done()
+    with measure_alone.stage_running("quantize:mine"):
+        assert reserved not in os.sched_getaffinity(0)
+    # a measurement of several threads cannot fit the one core: it measures alone, as below RESERVE_FROM cores
+    with measure_alone.measuring_alone("model", threads=2):
+        assert os.sched_getaffinity(0) == before - {reserved}
+
+
+def test_measurements_on_the_reserved_core_take_turns(reserved, capfd):
+    measurement = Holder("measure")
+    assert measurement.entered.wait(WAIT)
+    threading.Timer(0.5, measurement.release.set).start()
+    with measure_alone.measuring_alone("mine"):
+        assert measurement.release.is_set()  # the core was the other measurement's until it was released
+    measurement.done()
+    assert f"mine: waiting for the measurement on core {reserved} to end" in capfd.readouterr().err

@@ -605,6 +605,14 @@ def _grouped(items):
     return groups
 
 
+def _isolation(benchmark):
+    """How a timing was kept apart from the build's stages (worker/measure_alone.py)."""
+    taken = _dict(benchmark.get("isolation"))
+    if taken.get("policy") == "reserved core":
+        return f", on core {_text(taken.get('core'))} set aside for measuring (stages ran on the others)"
+    return ", with no other stage running" if taken else ""
+
+
 def _notes(rows):
     why = _grouped((row.label, (row.state, row.reason)) for row in rows[1:] if row.reason)
     notes = [f"{state} ({', '.join(labels)}): {reason}" for (state, reason), labels in why.items()]
@@ -618,7 +626,7 @@ def _notes(rows):
 
     settings = _grouped(
         (row.label, f"{_text(row.benchmark.get('threads'))} thread(s), {_text(row.benchmark.get('warmup'))} warm-up "
-                    f"and {_text(row.benchmark.get('iters'))} timed iterations on the host")
+                    f"and {_text(row.benchmark.get('iters'))} timed iterations on the host{_isolation(row.benchmark)}")
         for row in rows if row.median_ms is not None)
     notes.extend(f"latency ({', '.join(labels)}): {text}" for text, labels in settings.items())
 

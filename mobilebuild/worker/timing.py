@@ -60,7 +60,7 @@ def measure(spec):
     # a live counter on a terminal; four lines in a log
     step = max(1, timing["iters"] // (20 if sys.stderr.isatty() else 4))
     end = "\r" if sys.stderr.isatty() else "\n"
-    with measure_alone.measuring_alone(spec["label"]) as waited, torch.no_grad():
+    with measure_alone.measuring_alone(spec["label"], timing["threads"]) as waited, torch.no_grad():
         started = alone_since = time.perf_counter()
         model = runtimes.load(spec["path"], config)
         load_ms = (time.perf_counter() - started) * 1e3
@@ -86,4 +86,5 @@ def measure(spec):
         "threads": torch.get_num_threads(),
         "waited_for_stages_s": waited,  # how the number was taken: alone, after waiting this long for that
         "alone_s": alone,  # how long it held the host alone: what a build's replay charges a measurement
+        "isolation": measure_alone.isolation(),
     }

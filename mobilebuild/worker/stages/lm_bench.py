@@ -36,7 +36,7 @@ def measure(spec):
     timing.reset_peak_rss()
     torch.set_num_threads(settings["threads"])
     eager = config.runtime == "eager"
-    with measure_alone.measuring_alone(spec["label"]) as waited, torch.no_grad():
+    with measure_alone.measuring_alone(spec["label"], settings["threads"]) as waited, torch.no_grad():
         started = alone_since = time.perf_counter()
         generator = runtimes.load_generator(spec["path"], config, eager=eager)
         load_ms = (time.perf_counter() - started) * 1e3
@@ -51,7 +51,7 @@ def measure(spec):
     alone = time.perf_counter() - alone_since
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
             "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
-            "alone_s": alone}
+            "alone_s": alone, "isolation": measure_alone.isolation()}
 
 
 def timings(per_length):
