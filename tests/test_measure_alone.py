@@ -164,6 +164,7 @@ def test_a_reserved_core_measures_beside_running_stages_which_keep_off_it(reserv
     # a measurement of several threads cannot fit the one core: it measures alone, as below RESERVE_FROM cores
     with measure_alone.measuring_alone("model", threads=2):
         assert os.sched_getaffinity(0) == before - {reserved}
+    assert measure_alone.isolation(threads=2) == {"policy": "alone"}
 
 
 def test_measurements_on_the_reserved_core_take_turns(reserved, capfd):

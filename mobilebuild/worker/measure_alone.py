@@ -46,9 +46,14 @@ def _pinned(cores):
             os.sched_setaffinity(int(thread), cores)
 
 
-def isolation():
-    """How this process's measurements are taken, for their results and the report."""
-    core = reserved_core()
+def _measuring_core(threads):
+    """The core a measurement of `threads` threads runs on, or None: it measures alone (one core holds one thread)."""
+    return reserved_core() if threads == 1 else None
+
+
+def isolation(threads=1):
+    """How a measurement of `threads` threads is taken here (measuring_alone), for its result and the report."""
+    core = _measuring_core(threads)
     return {"policy": "alone"} if core is None else {"policy": "reserved core", "core": core}
 
 
@@ -141,8 +146,8 @@ def measuring_alone(label, threads=1):
     """Around a measurement of `threads` threads: on the reserved core where one is (one measurement at a time), else
     alone: waits for the stages running now to finish, and holds off new ones until done. Yields how long it waited,
     in seconds."""
-    core = reserved_core()
-    if core is not None and threads == 1:
+    core = _measuring_core(threads)
+    if core is not None:
         with _on_reserved_core(label, core) as waited:
             yield waited
         return

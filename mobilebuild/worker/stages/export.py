@@ -299,11 +299,11 @@ def export_error(exc):
             f"torch.export cannot capture the model ({detail}){where}; ONNX export needs forward free of Python "
             "control flow on tensor values and of non-tensor outputs (torch.cond expresses branches)",
             field="targets")
-    if kind == "ConversionError" and not any(type(error).__name__ == "DispatchError" for error in chain):
-        # its steps after the capture (decompositions, translating a node) failed, not for want of a translation
-        return MobileBuildError(f"torch.onnx.export failed on the graph torch.export captured ({detail}){where}",
-                                field="targets")
-    if kind == "ConversionError":  # the exporter has no ONNX function for an operation
+    if kind == "ConversionError":
+        if not any(type(error).__name__ == "DispatchError" for error in chain):
+            # its steps after the capture (decompositions, translating a node) failed, not for want of a translation
+            return MobileBuildError(f"torch.onnx.export failed on the graph torch.export captured ({detail}){where}",
+                                    field="targets")
         target = _ATEN_TARGET.search(text)
         operation = f" for {target[1]}" if target else ""
         return MobileBuildError(

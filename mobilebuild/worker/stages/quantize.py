@@ -192,14 +192,15 @@ def from_qat(source, trained_path, engine, fuse_setting, weights=None):
     return tq.convert(model.eval(), inplace=True)
 
 
-def load_quantized(inputs, config):
+def load_quantized(inputs, config, saved=None):
     """Quantized eager modules do not survive pickling, so the quantize stage stores a state_dict; the module
     structure is rebuilt from the fused model the same way, then the quantized weights are loaded into it. Both
-    files are read weights-only."""
+    files are read weights-only; `saved`: the stored state, where the caller has read it already."""
     engine, quantization, specs = config.engine, config.quantization, config.inputs
     fused = fuse.load(inputs["model"], config)
     exclude = exclusion.resolve(fused, quantization.get("exclude"))
-    saved = modeling.load_weights_only(inputs["quantized"], field=None)
+    if saved is None:
+        saved = modeling.load_weights_only(inputs["quantized"], field=None)
     if quantization["mode"] == "dynamic" or saved.get("mode") == "dynamic":  # the weights alone: recomputed exactly
         return dynamic(fused, engine, quantization["weights"], exclude).eval()
     # Static and QAT both convert to the same quantized modules. The observers' values are replaced by the stored
@@ -219,10 +220,9 @@ def load_quantized(inputs, config):
     return model.eval()
 
 
-def made_otherwise(path):
-    """How the quantize stage's model at `path` was made where not as the recipe asked ({"int8": "dynamic", "asked":
-    "static", "why": ...}: dynamic_instead), or None."""
-    saved = modeling.load_weights_only(path, field=None)
+def made_otherwise(saved):
+    """How the quantize stage's model, whose stored state is `saved`, was made where not as the recipe asked
+    ({"int8": "dynamic", "asked": "static", "why": ...}: dynamic_instead), or None."""
     return saved.get("made") if saved.get("mode") == "dynamic" else None
 
 

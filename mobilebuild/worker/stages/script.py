@@ -139,8 +139,9 @@ def run(inputs, config, output):
         torch.backends.quantized.engine = config.engine
     made = None
     if "quantized" in inputs:
-        model = quantize.load_quantized(inputs, config)
-        made = quantize.made_otherwise(inputs["quantized"])
+        saved_state = modeling.load_weights_only(inputs["quantized"], field=None)  # read once, for both
+        model = quantize.load_quantized(inputs, config, saved_state)
+        made = quantize.made_otherwise(saved_state)
     else:
         model = fuse.load(inputs["model"], config)
     if any(spec["memory_format"] == "channels_last" for spec in config.inputs):
