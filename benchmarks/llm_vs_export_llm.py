@@ -4,7 +4,8 @@ transformers' static-cache export (the build's path for other models), and again
 time to first token and decode tokens/s side by side in one process, one thread each where the runtime
 takes it (ExecuTorch's thread pool is sized to 1 for all of its programs alike). Each ExecuTorch program of ours is
 timed twice: through the build's generator (a step at a time from Python, worker/lm.py) and through ExecuTorch's own
-LLM runner (its Python binding, the byte tokenizer: worker/llm_runner.py), which lm_bench times them by too.
+LLM runner (its Python binding, the byte tokenizer:
+routes/executorch/worker/llm_runner.py), which lm_bench times them by too.
 
     MOBILEBUILD_EXTRA_RECIPES=examples/llm/pydoc_lm.yaml mobilebuild build examples/llm/pydoc_lm.yaml
     python benchmarks/llm_vs_export_llm.py [SCRATCH_DIR]
@@ -28,10 +29,11 @@ import mobilebuild.routes  # noqa: E402,F401  (the route families: the recipe's 
 from mobilebuild.plan import generation  # noqa: E402
 from mobilebuild.plan import recipe as recipes  # noqa: E402
 from mobilebuild.plan.chain import model_source  # noqa: E402
-from mobilebuild.worker import export_llm, llm_runner, lm  # noqa: E402
-from mobilebuild.worker.executorch_setup import ensure_flatc  # noqa: E402
-from mobilebuild.worker.runtimes import executorch as et_runtime  # noqa: E402
-from mobilebuild.worker.stages import lm_bench, lm_lower  # noqa: E402
+from mobilebuild.routes.executorch.worker import export_llm, llm_runner, lm_lower  # noqa: E402
+from mobilebuild.routes.executorch.worker import runtime as et_runtime  # noqa: E402
+from mobilebuild.routes.executorch.worker.setup import ensure_flatc  # noqa: E402
+from mobilebuild.worker import lm  # noqa: E402
+from mobilebuild.worker.stages import lm_bench  # noqa: E402
 
 RECIPE = "examples/llm/pydoc_lm.yaml"
 # Each row is timed ROUNDS times, the rows taking turns (so a change in the machine's load touches all alike), RUNS
@@ -43,7 +45,8 @@ OURS = (("fp32", "xnnpack-executorch"), ("8da4w", "xnnpack-executorch-8da4w"))  
 
 def export_by_hand(model, generate, precision, scratch):
     """export_llm's own path for the same weights, as a user would run it (the mapping to Meta's names and the
-    LlmConfig the command line builds: worker/export_llm.py, which the build uses for a plain Llama too)."""
+    LlmConfig the command line builds: routes/executorch/worker/export_llm.py, which the build uses for a plain
+    Llama too)."""
     return export_llm.program_bytes(model, precision, generate["max_context"], generate["group_size"], str(scratch))
 
 

@@ -67,8 +67,9 @@ def pytest_collection_finish(session):
     import sys
     import tempfile
 
-    warm = {"mobilebuild.worker.stages.lower": _lower_once, "mobilebuild.worker.stages.litert": _convert_once,
-            "mobilebuild.worker.stages.export": _export_once}
+    warm = {"mobilebuild.routes.executorch.worker.lower": _lower_once,
+            "mobilebuild.routes.litert.worker.litert": _convert_once,
+            "mobilebuild.routes.onnx.worker.export": _export_once}
     wanted = [start for module, start in warm.items() if module in sys.modules]
     if wanted and session.items:
         with tempfile.TemporaryDirectory() as folder:
@@ -98,22 +99,22 @@ def _run_once(folder, suffix, data, runtime):
 
 
 def _lower_once(folder):
-    from mobilebuild.worker.runtimes import executorch
-    from mobilebuild.worker.stages import lower
+    from mobilebuild.routes.executorch.worker import lower
+    from mobilebuild.routes.executorch.worker import runtime as executorch
 
     _run_once(folder, ".pte", lower.lower_to_bytes(_tiny_convnet(), [TINY_IMAGE], "xnnpack"), executorch)
 
 
 def _export_once(folder):
-    from mobilebuild.worker.runtimes import onnxruntime
-    from mobilebuild.worker.stages import export
+    from mobilebuild.routes.onnx.worker import export
+    from mobilebuild.routes.onnx.worker import runtime as onnxruntime
 
     _run_once(folder, ".onnx", export.export_float(_tiny_convnet(), [TINY_IMAGE]).SerializeToString(), onnxruntime)
 
 
 def _convert_once(folder):
-    from mobilebuild.worker.runtimes import litert as litert_runtime
-    from mobilebuild.worker.stages import litert
+    from mobilebuild.routes.litert.worker import litert
+    from mobilebuild.routes.litert.worker import runtime as litert_runtime
 
     with litert.converting():
         data = litert.convert(_tiny_convnet(), [TINY_IMAGE])
@@ -136,9 +137,9 @@ def _int8_onnx(tmp_path_factory, factory, mode):
 
     import tiny_models
 
-    from mobilebuild.routes.onnx import ExportConfig
+    from mobilebuild.routes.onnx.plan import ExportConfig
+    from mobilebuild.routes.onnx.worker import export
     from mobilebuild.worker import reproducible
-    from mobilebuild.worker.stages import export
 
     folder = tmp_path_factory.mktemp(f"{factory}-{mode}")
     rebuild = tiny_models.stored_fused(getattr(tiny_models, factory)(), folder / "fused.pt", f"tiny_models:{factory}")

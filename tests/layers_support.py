@@ -16,9 +16,13 @@ TOKENS_AND_MASK = [{"name": name, "shape": [1, 16], "dtype": "int64", "range": [
                    for name, high in (("ids", 100), ("mask", 2))]
 
 
+METHODS = {"eager": "mobilebuild.worker.layers.eager", "pt2e": "mobilebuild.routes.executorch.worker.layers",
+           "onnx": "mobilebuild.routes.onnx.worker.layers"}
+
+
 def method(route):
     """The worker-side module the planner names for a route: eager, pt2e, onnx."""
-    return f"mobilebuild.worker.layers.{route}"
+    return METHODS[route]
 
 
 def fused_model(tmp_path):

@@ -296,7 +296,8 @@ def test_a_runtime_failing_in_the_emulated_process_is_one_line_with_its_tracebac
     broken.write_bytes(b"not a model")
     session = emulated.session(found, "cortex-a53")
     with pytest.raises(failures.Failed) as raised:
-        session.run("onnxruntime", broken, [[numpy.zeros((1, 3), numpy.float32)]])
+        session.run("mobilebuild.routes.onnx.worker.guest", broken, [[numpy.zeros((1, 3), numpy.float32)]],
+                    runtime="onnxruntime")
     failure = failures.library_failure(raised.value)
     assert failure["raised_by"] == "onnxruntime on emulated cortex-a53"
     assert failure["error"].startswith(("InvalidProtobuf", "Fail", "RuntimeError")), failure["error"]

@@ -6,8 +6,11 @@ import torch
 from test_hub_sources import GPT2
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.executorch.worker import lower
+from mobilebuild.routes.onnx.worker import export
+from mobilebuild.routes.torchscript.worker import script
 from mobilebuild.worker import outputs
-from mobilebuild.worker.stages import export, lower, modeling, script
+from mobilebuild.worker.stages import modeling
 
 SPECS = [{"name": "input_ids", "shape": [1, 8], "dtype": "int64", "memory_format": "contiguous", "range": [0, 100]}]
 

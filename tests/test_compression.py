@@ -11,8 +11,9 @@ from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.torchscript.worker import optimize, script
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.stages import calibration, optimize, prune, quantize, script
+from mobilebuild.worker.stages import calibration, prune, quantize
 
 OPTIONS = {"blocklist": [], "preserved_methods": [], "bundled_inputs": False}
 

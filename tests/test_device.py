@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from mobilebuild.routes import torchscript
+from mobilebuild.routes.torchscript import plan as torchscript
 from mobilebuild.worker import device
 
 # Verbatim from the PyTorch Mobile performance recipe (Android) ...

@@ -16,10 +16,12 @@ from tiny_models import stored_fused
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan.stages import QuantizeConfig
-from mobilebuild.routes.executorch import LowerConfig
-from mobilebuild.routes.onnx import ExportConfig
+from mobilebuild.routes.executorch.plan import LowerConfig
+from mobilebuild.routes.executorch.worker import lower
+from mobilebuild.routes.onnx.plan import ExportConfig
+from mobilebuild.routes.onnx.worker import export
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.stages import exclusion, export, fuse, lower, modeling, quantize
+from mobilebuild.worker.stages import exclusion, fuse, modeling, quantize
 
 OUTLIER = textwrap.dedent('''
     import torch
@@ -195,8 +197,8 @@ def test_dynamic_quantization_keeps_the_excluded_linear_float(tmp_path, outlier)
 
 
 def lower_stage(tmp_path, rebuild, path, exclude=None, observer=None):
-    from mobilebuild.worker import pte
-    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.routes.executorch.worker import pte
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
 
     config = LowerConfig(precision="int8", inputs=INPUTS, delegate="xnnpack", options={}, calibration=CALIBRATION,
                          exclude=exclude, observer=observer, **rebuild)

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.routes.onnx import ExportConfig
+from mobilebuild.routes.onnx.plan import ExportConfig
+from mobilebuild.routes.onnx.worker import export
+from mobilebuild.routes.onnx.worker import runtime as ort_runtime
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
-from mobilebuild.worker.stages import calibration, export, fuse, modeling
+from mobilebuild.worker.stages import calibration, fuse, modeling
 
 REPO = Path(__file__).resolve().parents[1]
 INPUT = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}

@@ -157,7 +157,7 @@ def test_the_eager_model_agrees_with_itself_and_noise_shows(tiny_llama):
 
 
 def test_a_plain_llama_takes_export_llms_path_with_meta_names(tiny_llama):
-    from mobilebuild.worker import export_llm
+    from mobilebuild.routes.executorch.worker import export_llm
 
     assert export_llm.fits(tiny_llama, "fp32") and export_llm.fits(tiny_llama, "8da4w")
     assert not export_llm.fits(tiny_llama, "8da8w")  # export_llm has no 8da8w: the transformers export makes it
@@ -187,7 +187,7 @@ def tiny_qwen(request):
 
 
 def test_qwen_takes_export_llms_path_with_its_own_names(tiny_qwen):
-    from mobilebuild.worker import export_llm
+    from mobilebuild.routes.executorch.worker import export_llm
 
     assert export_llm.fits(tiny_qwen, "fp32") and export_llm.fits(tiny_qwen, "8da4w")
     state, settings = export_llm.meta_state(tiny_qwen), export_llm.params(tiny_qwen.config)
@@ -203,7 +203,7 @@ def test_qwen_takes_export_llms_path_with_its_own_names(tiny_qwen):
 def test_a_model_export_llms_llama_would_build_wrongly_does_not_fit(tiny_qwen):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from mobilebuild.worker import export_llm
+    from mobilebuild.routes.executorch.worker import export_llm
 
     sliding = AutoConfig.for_model(tiny_qwen.config.model_type, **QWEN, use_sliding_window=True, sliding_window=8,
                                    max_window_layers=0)
@@ -216,9 +216,9 @@ def test_a_model_export_llms_llama_would_build_wrongly_does_not_fit(tiny_qwen):
 def test_qwen_through_export_llm_agrees_with_transformers(tiny_qwen, tmp_path):
     """ExecuTorch's Llama definition with Qwen's settings and the mapped weights: the prefill's and a decode step's
     logits as the transformers model's."""
-    from mobilebuild.worker import export_llm
-    from mobilebuild.worker.executorch_setup import ensure_flatc
-    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.routes.executorch.worker import export_llm
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
+    from mobilebuild.routes.executorch.worker.setup import ensure_flatc
     from mobilebuild.worker.stages.lm_verify import sqnr_db
 
     ensure_flatc()
@@ -328,8 +328,8 @@ def test_a_model_export_llm_does_not_define_takes_the_transformers_export(projec
 def test_a_qwen3_recipe_builds_through_export_llm_and_verifies(project):
     """A transformers Qwen3 config in a recipe: the build takes export_llm's path (its program has the LLM runner's
     metadata methods) and the artifact verifies against transformers."""
-    from mobilebuild.worker import export_llm
-    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.routes.executorch.worker import export_llm
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
 
     project.write_recipe({**copy.deepcopy(LM), "name": "qwen",
                           "model": {"transformers": "AutoModelForCausalLM",

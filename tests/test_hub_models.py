@@ -11,7 +11,8 @@ import torch.ao.nn.intrinsic as nni
 
 from mobilebuild.engine import fetched
 from mobilebuild.plan.stages import QuantizeConfig
-from mobilebuild.worker.stages import calibration, fuse, modeling, quantize, script
+from mobilebuild.routes.torchscript.worker import script
+from mobilebuild.worker.stages import calibration, fuse, modeling, quantize
 
 INPUTS = [{"name": "input", "shape": [1, 3, 64, 64], "dtype": "float32", "memory_format": "contiguous"}]
 CALIBRATION = {"source": "random", "batches": 2, "seed": 0}

@@ -18,11 +18,14 @@ from torch.jit.mobile import _load_for_lite_interpreter
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import graph, hub, recipe
 from mobilebuild.plan.chain import model_source
+from mobilebuild.routes.executorch.worker import lower
+from mobilebuild.routes.executorch.worker import runtime as et_runtime
+from mobilebuild.routes.onnx.worker import export
+from mobilebuild.routes.onnx.worker import runtime as ort_runtime
+from mobilebuild.routes.torchscript.worker import optimize, script
 from mobilebuild.worker import named_inputs, outputs
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.runtimes import executorch as et_runtime
-from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
-from mobilebuild.worker.stages import checkpoint, export, lower, modeling, optimize, script
+from mobilebuild.worker.stages import checkpoint, modeling
 
 BERT = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 64}

@@ -9,7 +9,8 @@ import torch
 from conftest import tiny_recipe
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker.stages import modeling, optimize, quantize
+from mobilebuild.routes.torchscript.worker import optimize
+from mobilebuild.worker.stages import modeling, quantize
 
 TEXT = textwrap.dedent('''
     import torch

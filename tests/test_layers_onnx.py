@@ -1,4 +1,4 @@
-"""The ONNX method (worker/layers/onnx.py, its graph surgery in onnx_surgery.py): each quantized node, or integer
+"""The ONNX method (routes/onnx/worker/layers.py, its graph surgery in onnx_surgery.py): each quantized node, or integer
 unit, of the shipped model cut out and run on the float model's values."""
 
 from types import SimpleNamespace
@@ -17,9 +17,10 @@ from layers_support import (
 from tiny_models import stored_fused
 
 from mobilebuild.plan import stages
-from mobilebuild.routes import onnx as onnx_route
-from mobilebuild.worker.layers import onnx as onnx_method
-from mobilebuild.worker.stages import export, fuse
+from mobilebuild.routes.onnx import plan as onnx_route
+from mobilebuild.routes.onnx.worker import export
+from mobilebuild.routes.onnx.worker import layers as onnx_method
+from mobilebuild.worker.stages import fuse
 
 
 def test_onnx_int8_ranks_the_broken_convolution_first(tmp_path):

@@ -1,5 +1,5 @@
-"""The PT2E method (worker/layers/pt2e.py): ExecuTorch int8, its quantization run again and both graphs logged with
-torchao's PT2E numeric debugger, each int8 node fed the float graph's input."""
+"""The PT2E method (routes/executorch/worker/layers.py): ExecuTorch int8, its quantization run again and both graphs
+logged with torchao's PT2E numeric debugger, each int8 node fed the float graph's input."""
 
 import layers_support as support
 import pytest

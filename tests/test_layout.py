@@ -82,9 +82,22 @@ def test_no_module_imports_itself_through_others():
     assert cycles({name: own_imports(path) for name, path in MODULES.items()}) == []
 
 
+FAMILY_WORKER = re.compile(r"mobilebuild\.routes\.(\w+)\.worker(\.|$)")
+
+
+def family(name):
+    """The route family a module of mobilebuild.routes belongs to (mobilebuild.routes.onnx.worker.export -> onnx), or
+    None (the registry, mobilebuild.routes itself, and modules elsewhere)."""
+    parts = name.split(".")
+    return parts[2] if parts[:2] == ["mobilebuild", "routes"] and len(parts) > 2 else None
+
+
 def package(name):
     """The package below mobilebuild a module belongs to (mobilebuild.engine.execute -> mobilebuild.engine); a module
-    at the top (mobilebuild.tasks) is its own."""
+    at the top (mobilebuild.tasks) is its own. A route family's plan half and its worker half are two: they stand on
+    different floors (mobilebuild.routes.onnx, mobilebuild.routes.onnx.worker)."""
+    if family(name):
+        return ".".join(name.split(".")[:4 if FAMILY_WORKER.match(name) else 3])
     return ".".join(name.split(".")[:2])
 
 
@@ -120,7 +133,10 @@ def test_the_cycle_check_finds_a_cycle_that_lazy_imports_hide(tmp_path):
 @pytest.mark.parametrize(("layer", "forbidden"), [
     ("mobilebuild.plan", ("torch", "doit", "mobilebuild.engine", "mobilebuild.worker", "mobilebuild.results",
                           "mobilebuild.preflight", "mobilebuild.routes")),
-    ("mobilebuild.worker", ("doit", "mobilebuild.engine", "mobilebuild.results", "mobilebuild.routes")),
+    # what every family's stages share; it registers the families (their plan halves), and runs their worker
+    # halves' stages by the module a request names
+    ("mobilebuild.worker", ("doit", "mobilebuild.engine", "mobilebuild.results", "mobilebuild.preflight",
+                            "mobilebuild.tune", "mobilebuild.tasks", "mobilebuild.cli")),
     ("mobilebuild.engine", ("torch", "mobilebuild.tasks", "mobilebuild.preflight", "mobilebuild.tune",
                             "mobilebuild.cli", "mobilebuild.routes")),
     ("mobilebuild.results", ("torch", "doit", "mobilebuild.routes")),
@@ -129,13 +145,34 @@ def test_the_cycle_check_finds_a_cycle_that_lazy_imports_hide(tmp_path):
     ("mobilebuild.arm64", ("torch", "doit", "mobilebuild.engine", "mobilebuild.worker", "mobilebuild.results",
                            "mobilebuild.routes", "mobilebuild.preflight", "mobilebuild.tune", "mobilebuild.tasks",
                            "mobilebuild.cli")),
-    # a route family registers itself in the plan layer; its worker-side code runs in the worker, named by string
+    # a route family's worker half: its stages, runtime and runners, on top of what the worker shares
+    ("mobilebuild.routes.*.worker", ("doit", "mobilebuild.engine", "mobilebuild.results", "mobilebuild.preflight",
+                                     "mobilebuild.tune", "mobilebuild.tasks", "mobilebuild.cli")),
+    # a route family's plan half registers it in the plan layer; its worker half runs in the worker, named by string
     ("mobilebuild.routes", ("torch", "doit", "mobilebuild.engine", "mobilebuild.results", "mobilebuild.preflight",
-                            "mobilebuild.tune", "mobilebuild.tasks", "mobilebuild.cli")),
+                            "mobilebuild.tune", "mobilebuild.tasks", "mobilebuild.cli", "mobilebuild.worker")),
 ])
 def test_each_layer_imports_only_what_it_may(layer, forbidden):
-    offending = {name: sorted(i for i in imports(path) if i.split(".")[0] in forbidden or i.startswith(forbidden))
-                 for name, path in MODULES.items() if name == layer or name.startswith(f"{layer}.")}
+    offending = {name: sorted(i for i in imports(path) if i.split(".")[0] in forbidden or i.startswith(forbidden)
+                              or FAMILY_WORKER.match(i) and not in_layer(name, "mobilebuild.routes.*.worker"))
+                 for name, path in MODULES.items() if in_layer(name, layer)}
+    assert {name: found for name, found in offending.items() if found} == {}
+
+
+def in_layer(name, layer):
+    """mobilebuild.routes.*.worker: every family's worker half; mobilebuild.routes: the registry and the plan
+    halves."""
+    if layer == "mobilebuild.routes.*.worker":
+        return bool(FAMILY_WORKER.match(name))
+    if layer == "mobilebuild.routes" and FAMILY_WORKER.match(name):
+        return False
+    return name == layer or name.startswith(f"{layer}.")
+
+
+def test_a_family_imports_no_other_familys_worker_half():
+    """Only a family's own code runs its stages; what two families share lives in mobilebuild.worker."""
+    offending = {name: sorted(i for i in imports(path) if FAMILY_WORKER.match(i) and family(i) != family(name))
+                 for name, path in MODULES.items()}
     assert {name: found for name, found in offending.items() if found} == {}
 
 
@@ -173,15 +210,14 @@ def route_name_uses(source, names):
     return found
 
 
-# A family's own worker-side stage and runtime modules speak its delegates' names (they call ExecuTorch with them)
-FAMILY_WORKER_MODULES = ("mobilebuild.worker.stages.lower", "mobilebuild.worker.pte", "mobilebuild.worker.coreml",
-                         "mobilebuild.worker.stages.optimize", "mobilebuild.worker.stages.fx_quantize")
+# torch's quantized engine is named like the route that uses it (qnnpack): the FX quantizer picks its backend config
+TORCH_ENGINE_MODULES = ("mobilebuild.worker.stages.fx_quantize",)
 
 
-def test_nothing_outside_the_route_modules_compares_backend_names():
+def test_nothing_outside_the_route_families_compares_backend_names():
     names = _route_names()
     offending = {name: found for name, path in MODULES.items()
-                 if not name.startswith("mobilebuild.routes") and name not in FAMILY_WORKER_MODULES
+                 if family(name) is None and name not in TORCH_ENGINE_MODULES
                  for found in [route_name_uses(path.read_text(), names)] if found}
     assert offending == {}
 
@@ -194,31 +230,54 @@ def test_the_backend_name_check_finds_a_comparison_and_a_table():
     assert route_name_uses('facts = {"xnnpack": True, "version": 1}\n', names) == []
 
 
-def test_the_plan_layer_names_no_code_of_ours_to_import_by_string():
-    """Worker-side modules may be named (stages, runtimes, layer methods, the hub probe: the plan layer must not
-    import them), and the probe another interpreter runs (`python -m mobilebuild.probe`); nothing else."""
-    allowed = ("mobilebuild.worker.", "mobilebuild.probe")
+def code_named(path):
+    """The modules of ours a source names by string ("mobilebuild.x.y", or "mobilebuild.x.y:Name")."""
+    strings = {node.value for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    return {text.partition(":")[0] for text in strings if re.fullmatch(r"mobilebuild(\.\w+)+(:[\w.]+)?", text)}
+
+
+def test_the_plan_side_names_by_string_only_worker_code_that_exists():
+    """The plan layer and the families' plan halves name the code a stage worker runs (stages, runtimes, layer
+    methods, emulated-ARM runners: across a process boundary), the probe another interpreter runs, and the code of
+    the in-process stages that read results (the plot); each name is a module of the package, and a family names
+    only its own worker half and what the worker shares."""
     for name, path in MODULES.items():
-        if not name.startswith("mobilebuild.plan"):
+        if not (name.startswith("mobilebuild.plan") or in_layer(name, "mobilebuild.routes")):
             continue
-        strings = {node.value for node in ast.walk(ast.parse(path.read_text()))
-                   if isinstance(node, ast.Constant) and isinstance(node.value, str)}
-        named = {text for text in strings if re.fullmatch(r"mobilebuild(\.\w+)+(:[\w.]+)?", text)
-                 and not text.startswith(allowed)}
-        assert named == set(), name
+        for named in code_named(path):
+            assert named in MODULES, (name, named)
+            allowed = named.startswith(("mobilebuild.worker.", "mobilebuild.probe", "mobilebuild.results.")) or (
+                FAMILY_WORKER.match(named) and family(named) == family(name))
+            assert allowed, (name, named)
+
+
+def test_every_registered_stage_and_runtime_names_a_module_that_exists():
+    import mobilebuild.routes  # noqa: F401 - the built-in families
+    from mobilebuild.plan import routes, stages
+
+    named = {stage.module_path for stage in stages.all_stages()}
+    for route in routes.all_routes():
+        named |= {route.runs.module_path, *((route.runs.arm64.runner,) if route.runs.arm64 else ()),
+                  *((route.generation.layers,) if route.generation and route.generation.layers else ())}
+    assert named - set(MODULES) == set()
 
 
 # Runs in the emulated aarch64 Python, which has the runtimes' wheels and numpy only (worker/guest/__init__.py)
-GUEST_TORCH = ("mobilebuild.worker.guest.pytorch_mobile", "mobilebuild.worker.guest.executorch")
+def guest_modules():
+    return {name: path for name, path in MODULES.items()
+            if name.startswith("mobilebuild.worker.guest") or FAMILY_WORKER.match(name) and name.endswith(".guest")}
+
+
+GUEST_TORCH = ("mobilebuild.routes.torchscript.worker.guest", "mobilebuild.routes.executorch.worker.guest")
 
 
 def test_code_for_the_emulated_python_imports_nothing_it_lacks():
     """Nothing of mobilebuild (its dependencies are not there), torch only in the runners of torch's artifacts."""
     allowed = {"numpy", "onnxruntime", "ai_edge_litert", "executorch"}
     offending = {}
-    for name, path in MODULES.items():
-        if not name.startswith("mobilebuild.worker.guest"):
-            continue
+    assert len(guest_modules()) >= 6
+    for name, path in guest_modules().items():
         found = {i for i in imports(path) if i.split(".")[0] not in allowed | set(sys.stdlib_module_names)}
         found = {i for i in found if i.split(".")[0] != "torch"} if name in GUEST_TORCH else found
         if found:

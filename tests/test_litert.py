@@ -19,13 +19,13 @@ from torch import nn
 from mobilebuild import store
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.results import release
-from mobilebuild.routes import litert as litert_route
-from mobilebuild.routes.litert import ConvertConfig
+from mobilebuild.routes.litert import plan as litert_route
+from mobilebuild.routes.litert.plan import ConvertConfig
+from mobilebuild.routes.litert.worker import layers as litert_layers
+from mobilebuild.routes.litert.worker import litert, runtime
 from mobilebuild.worker import reproducible
-from mobilebuild.worker.layers import litert as litert_layers
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.runtimes import litert as runtime
-from mobilebuild.worker.stages import fuse, litert, modeling
+from mobilebuild.worker.stages import fuse, modeling
 
 REPO = Path(__file__).resolve().parents[1]
 INPUT = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}

@@ -1,6 +1,6 @@
-"""ExecuTorch's LLM runner as the timing harness (worker/llm_runner.py): the byte-level tokenizer, llama_main's
-statistics line, the adb flow against the fake `adb` of test_device (this machine has neither adb nor a device), and
-(slow) the runner's Python binding on a real export_llm program, its greedy tokens as the generator's."""
+"""ExecuTorch's LLM runner as the timing harness (routes/executorch/worker/llm_runner.py): the byte-level tokenizer,
+llama_main's statistics line, the adb flow against the fake `adb` of test_device (this machine has neither adb nor a
+device), and (slow) the runner's Python binding on a real export_llm program, its greedy tokens as the generator's."""
 
 from types import SimpleNamespace
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_device import SERIAL, FakeAdb
 
-from mobilebuild.worker import llm_runner
+from mobilebuild.routes.executorch.worker import llm_runner
 
 LLAMA_MAIN = "/data/local/tmp/llama_main"
 # llama_main's statistics line, as the runner printed it for the tiny byte-level Llama of the slow test below
@@ -94,9 +94,10 @@ def test_the_runner_on_the_host_generates_the_generators_greedy_tokens(tmp_path)
     generator (token ids in) continue each prompt with the same tokens; the runner's timings are positive."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from mobilebuild.worker import export_llm, lm
-    from mobilebuild.worker.executorch_setup import ensure_flatc
-    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.routes.executorch.worker import export_llm
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
+    from mobilebuild.routes.executorch.worker.setup import ensure_flatc
+    from mobilebuild.worker import lm
 
     ensure_flatc()
     torch.manual_seed(0)
@@ -118,8 +119,7 @@ def test_the_runner_on_the_host_generates_the_generators_greedy_tokens(tmp_path)
 
     config = SimpleNamespace(runtime="executorch", runtime_module=et_runtime.__name__, prompt_lengths=[16],
                              new_tokens=8, timing={"warmup": 1, "iters": 16, "threads": 1})
-    timed = lm_bench.measure({"config": config, "path": str(program), "label": "lm",
-                              "tokenizer": str(tmp_path / "tokenizer.json")})
-    assert timed["harness"] == lm_bench.GENERATOR and timed["runner"]["harness"] == lm_bench.RUNNER
+    timed = lm_bench.measure({"config": config, "path": str(program), "label": "lm", "scratch": str(tmp_path)})
+    assert timed["harness"] == lm_bench.GENERATOR and timed["runner"]["harness"] == llm_runner.HARNESS
     for harness in (timed, timed["runner"]):
         assert harness["decode_tokens_per_s"] > 0 and harness["prompt_lengths"]["16"]["ttft_ms"] > 0

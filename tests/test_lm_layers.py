@@ -57,7 +57,7 @@ def test_a_litert_lm_target_keeps_parts_float_and_gets_a_ranking(tmp_path):
     (loaded,) = recipe.load_all(tmp_path)
     nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, str(tmp_path))}
     assert nodes["lm_litert:lm-lt-int8"].settings.exclude == ["model.layers.0.mlp"]
-    assert nodes["lm_layers:lm-lt-int8"].settings.method == "mobilebuild.worker.layers.lm_litert"
+    assert nodes["lm_layers:lm-lt-int8"].settings.method == "mobilebuild.routes.litert.worker.lm_layers"
     after = keys(tmp_path, excluded)
     assert {name for name in before if before[name] != after[name] and not name.startswith(("manifest", "plot"))
             } == {"lm_litert:lm-lt-int8", "lm_layers:lm-lt-int8"}
@@ -108,7 +108,7 @@ def test_exclude_entries_resolve_to_the_linear_layers_they_hold(qwen2):
 
 def test_litert_keeps_whole_parts_of_its_decoder_float_and_refuses_the_rest_in_one_line(qwen2):
     from mobilebuild.errors import MobileBuildError
-    from mobilebuild.worker.stages import lm_litert
+    from mobilebuild.routes.litert.worker import lm_litert
 
     attention, feed_forward = lm_litert.ATTENTION.format(1), lm_litert.FEED_FORWARD.format(1)
     assert lm_litert.kept_float(qwen2, ["model.layers.1", "lm_head"]) == [lm_litert.LOGITS, attention, feed_forward]
@@ -124,8 +124,8 @@ def test_litert_keeps_whole_parts_of_its_decoder_float_and_refuses_the_rest_in_o
 
 
 def test_torchao_keeps_the_excluded_linears_float_and_the_ranking_puts_them_back(qwen2):
+    from mobilebuild.routes.executorch.worker import lm_layers as lm_torchao
     from mobilebuild.worker import lm
-    from mobilebuild.worker.layers import lm_torchao
 
     model = copy.deepcopy(qwen2)
     lm.quantize_linears(model, "8da4w", 32, keep_float=("lm_head", "model.layers.0.self_attn.q_proj"))
@@ -143,7 +143,7 @@ def test_torchao_keeps_the_excluded_linears_float_and_the_ranking_puts_them_back
 
 
 def test_meta_names_of_module_paths():
-    from mobilebuild.worker import export_llm
+    from mobilebuild.routes.executorch.worker import export_llm
 
     assert export_llm.meta_name("model.layers.3.self_attn.q_proj") == "layers.3.attention.wq"
     assert export_llm.meta_name("model.layers.0.mlp.down_proj") == "layers.0.feed_forward.w2"
@@ -196,14 +196,15 @@ def test_tune_of_a_language_model_plans_its_candidates_with_their_ranking(lm_pro
 # --- slow: the ranking through each route's quantizer, and a build that keeps layers float ---------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, precision", [("lm_torchao", "8da4w"), ("lm_onnx", "int4")])
+@pytest.mark.parametrize("method, precision", [("mobilebuild.routes.executorch.worker.lm_layers", "8da4w"),
+                                               ("mobilebuild.routes.onnx.worker.lm_layers", "int4")])
 def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer(qwen2, tmp_path, monkeypatch,
                                                                                 method, precision):
     from mobilebuild.worker import lm
     from mobilebuild.worker.stages import lm_layers
 
     monkeypatch.setattr(lm, "causal_lm", lambda source, checkpoint: copy.deepcopy(qwen2))  # no checkpoint file
-    config = SimpleNamespace(method=f"mobilebuild.worker.layers.{method}", model=None, precision=precision,
+    config = SimpleNamespace(method=method, model=None, precision=precision,
                              max_context=32, group_size=32, exclude=["lm_head"], prompt_lengths=[4, 8], new_tokens=4,
                              prompts=2, text=None, seed=0, top=5)
     lm_layers.run({"checkpoint": None}, config, tmp_path / "layers.json")
@@ -220,11 +221,11 @@ def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer
 def test_litert_ranks_the_parts_of_its_decoder_and_keeps_the_excluded_ones_float(qwen2, tmp_path, monkeypatch):
     """The float .tflite quantized by litert-torch's own recipe: with nothing excluded, the bytes of its converter's
     int8; every part excluded, the float model's logits; the ranking, each part quantized alone."""
+    from mobilebuild.routes.litert.worker import lm_litert, runtime
     from mobilebuild.worker import lm
-    from mobilebuild.worker.runtimes import litert as runtime
-    from mobilebuild.worker.stages import lm_layers, lm_litert
+    from mobilebuild.worker.stages import lm_layers
 
-    config = SimpleNamespace(method="mobilebuild.worker.layers.lm_litert", model=None, precision="int8",
+    config = SimpleNamespace(method="mobilebuild.routes.litert.worker.lm_layers", model=None, precision="int8",
                              max_context=32, group_size=None, exclude=["lm_head"], prompt_lengths=[4, 8], new_tokens=4,
                              prompts=2, text=None, seed=0, top=5)
     data = lm_litert.float_tflite(qwen2, config, str(tmp_path))

@@ -1,7 +1,7 @@
-"""Language models on LiteRT (routes/litert.py's generative block, worker/stages/lm_litert.py, the LiteRT runtime's
-generator): the plan's node and what keys it, one-line refusals, and (slow) a tiny random Llama converted by
-litert-torch's generative converter, verified token by token and timed through real doit, its bytes the same from
-two checkouts; a tiny Qwen2 with biases and tied embeddings against its eager model."""
+"""Language models on LiteRT (routes/litert/plan.py's generative block, routes/litert/worker/lm_litert.py, the LiteRT
+runtime's generator): the plan's node and what keys it, one-line refusals, and (slow) a tiny random Llama converted by
+litert-torch's generative converter, verified token by token and timed through real doit, its bytes the same from two
+checkouts; a tiny Qwen2 with biases and tied embeddings against its eager model."""
 
 import copy
 import json
@@ -67,7 +67,7 @@ def test_bad_litert_language_model_settings_are_one_line_each(tmp_path, target, 
 def test_a_model_litert_torchs_decoder_does_not_build_is_refused_naming_why():
     from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
-    from mobilebuild.worker.stages import lm_litert
+    from mobilebuild.routes.litert.worker import lm_litert
 
     assert lm_litert.not_mapped(LlamaConfig(hidden_size=32, num_attention_heads=2, attention_bias=True)) is None
     assert lm_litert.not_mapped(Qwen2Config(hidden_size=32, num_attention_heads=2)) is None
@@ -86,9 +86,10 @@ def test_a_qwen2_with_biases_and_tied_embeddings_converts_exactly(tmp_path):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from mobilebuild.routes.litert.worker import lm_litert
+    from mobilebuild.routes.litert.worker import runtime as litert
     from mobilebuild.worker import lm
-    from mobilebuild.worker.runtimes import litert
-    from mobilebuild.worker.stages import lm_litert, lm_verify
+    from mobilebuild.worker.stages import lm_verify
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

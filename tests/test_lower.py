@@ -15,11 +15,11 @@ from tiny_models import conv_bn, stored_fused
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.routes.executorch import LowerConfig
-from mobilebuild.worker import pte
+from mobilebuild.routes.executorch.plan import LowerConfig
+from mobilebuild.routes.executorch.worker import lower, pte
+from mobilebuild.routes.executorch.worker import runtime as et_runtime
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.runtimes import executorch as et_runtime
-from mobilebuild.worker.stages import fuse, lower, modeling
+from mobilebuild.worker.stages import fuse, modeling
 
 NCHW = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
 NHWC = {**NCHW, "memory_format": "channels_last"}
@@ -150,7 +150,7 @@ def test_timm_efficientformer_v2_attention_keeps_fp32_precision_on_xnnpack(tmp_p
 RUN_IN_A_FRESH_PROCESS = textwrap.dedent("""
     import os, sys, torch
     from types import SimpleNamespace
-    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
     program = et_runtime.load(sys.argv[1], SimpleNamespace())  # the thread pool as verification leaves it
     print(tuple(program(torch.zeros(1, 3, 8, 8)).shape))
     with et_runtime.without_cpuinfo_notes():
@@ -248,7 +248,7 @@ SUBPROCESS_LOWERING = textwrap.dedent("""
     import os, torch
     from pathlib import Path
     from torch import nn
-    from mobilebuild.worker.stages import lower
+    from mobilebuild.routes.executorch.worker import lower
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5)).eval()
     specs = [{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}]
@@ -304,7 +304,7 @@ def test_core_ml_lowerings_of_one_model_never_share_a_scratch_directory(monkeypa
 
 
 def test_a_user_flatc_setting_is_kept(monkeypatch):
-    from mobilebuild.worker import executorch_setup
+    from mobilebuild.routes.executorch.worker import setup as executorch_setup
 
     monkeypatch.setenv("FLATC_EXECUTABLE", "/opt/my/flatc")
     assert executorch_setup.ensure_flatc() == "/opt/my/flatc"

@@ -16,21 +16,14 @@ from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import recipe, routes, stages
-from mobilebuild.routes import torchscript
+from mobilebuild.routes.executorch.worker import lower
+from mobilebuild.routes.executorch.worker import runtime as et_runtime
+from mobilebuild.routes.onnx.worker import export
+from mobilebuild.routes.onnx.worker import runtime as ort_runtime
+from mobilebuild.routes.torchscript import plan as torchscript
+from mobilebuild.routes.torchscript.worker import optimize, script
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.runtimes import executorch as et_runtime
-from mobilebuild.worker.runtimes import onnxruntime as ort_runtime
-from mobilebuild.worker.stages import (
-    calibration,
-    checkpoint,
-    export,
-    lower,
-    modeling,
-    optimize,
-    quantize,
-    script,
-    verify,
-)
+from mobilebuild.worker.stages import calibration, checkpoint, modeling, quantize, verify
 
 IDS = {"name": "ids", "shape": [2, 16], "dtype": "int64", "memory_format": "contiguous", "range": [0, 50],
        "dynamic": [{"axis": 1, "dim": "seq", "min": 4, "max": 40}]}
@@ -312,7 +305,7 @@ def test_channels_last_on_one_of_two_inputs_builds_and_verifies_for_xnnpack(tmp_
     assert [tuple(x.shape) for x in lite.run_method("get_all_bundled_inputs")[0]] == [(1, 3, 8, 8), (1, 4)]
     assert_matches(two_model(), lite, NHWC_IMAGE, sizes=("example",))
     config = stages.VerifyConfig(
-        runtime="pytorch-mobile", runtime_module="mobilebuild.worker.runtimes.pytorch_mobile", engine=None,
+        runtime="pytorch-mobile", runtime_module="mobilebuild.routes.torchscript.worker.runtime", engine=None,
         inputs=NHWC_IMAGE, runs_on_host=True, host_reason=None, model={"factory": "test_multi_input:two_model"},
         precision="fp32", pruning=None, samples=4, seed=0, thresholds={"sqnr_db": 40.0})
     verify.run({"artifact": path, "checkpoint": tmp_path / "checkpoint.pt"}, config, tmp_path / "verify.json")

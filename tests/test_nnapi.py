@@ -12,10 +12,10 @@ from torch import nn
 from torch.jit.mobile import _load_for_lite_interpreter
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.routes.nnapi import NnapiConfig
+from mobilebuild.routes.nnapi.plan import NnapiConfig
+from mobilebuild.routes.nnapi.worker import nnapi, runtime
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.runtimes import nnapi as runtime
-from mobilebuild.worker.stages import calibration, fuse, modeling, nnapi, quantize
+from mobilebuild.worker.stages import calibration, fuse, modeling, quantize
 
 INPUTS = [{"name": "input", "shape": [1, 3, 12, 12], "dtype": "float32", "memory_format": "contiguous"}]
 STATIC = {"mode": "static", "weights": "per_tensor"}  # as the plan gives NNAPI (routes.nnapi)

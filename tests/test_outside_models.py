@@ -12,8 +12,9 @@ from torch import nn
 from torch.ao import quantization as tq
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.onnx.worker import export
 from mobilebuild.worker import hub
-from mobilebuild.worker.stages import export, fx_quantize, modeling, quantize
+from mobilebuild.worker.stages import fx_quantize, modeling, quantize
 
 FACTORIES = textwrap.dedent('''
     from transformers import GPT2Config, GPT2LMHeadModel, WhisperConfig, WhisperModel

@@ -170,7 +170,7 @@ def test_what_the_findings_say_is_what_the_builds_make(root):
     import torch
     from torch.jit.mobile import _load_for_lite_interpreter
 
-    from mobilebuild.worker.runtimes import executorch as et_runtime
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
 
     report = preflight.run(write(root, "dict_real", "DictOut", IMAGE), root)
     by_target = {result["target"]: result for result in report["targets"]}

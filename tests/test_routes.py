@@ -41,7 +41,7 @@ TOY_STAGE = textwrap.dedent('''
 
 
     def run(inputs, config, output):
-        from mobilebuild.worker.stages import script
+        from mobilebuild.routes.torchscript.worker import script
 
         print(f"   toy note: {config.note}")
         script.run(inputs, config, output)
@@ -64,7 +64,7 @@ TOY_RUNTIME = textwrap.dedent('''
 TOY_DODO = textwrap.dedent('''
     from mobilebuild.plan import stages
     from mobilebuild.plan.routes import Checks, Int8, Route, Runtime, Section, register
-    from mobilebuild.routes.torchscript import eager_layers  # the quantize stage's model, layer by layer
+    from mobilebuild.routes.torchscript.plan import eager_layers  # the quantize stage's model, layer by layer
     from toystage import ToyConfig, plan
 
 

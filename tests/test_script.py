@@ -1,5 +1,5 @@
-"""The script stage (worker/stages/script.py): where torch.jit.script fails, in compiling or in saving, the traced
-model stands in when it is the eager model at every size verification checks, and the artifact records it."""
+"""The script stage (routes/torchscript/worker/script.py): where torch.jit.script fails, in compiling or in saving, the
+traced model stands in when it is the eager model at every size verification checks, and the artifact records it."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from test_hub_sources import built, gpt2_recipe
 from torch import nn
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker.stages import optimize, script
+from mobilebuild.routes.torchscript.worker import optimize, script
 
 IMAGE = [{"name": "input", "shape": [1, 3, 64, 64], "dtype": "float32", "memory_format": "contiguous"}]
 

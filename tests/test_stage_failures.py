@@ -144,7 +144,7 @@ def _script_request(tmp_path, dtype="float32"):
     """The script stage's request for the Ignoring model, its fused weights at tmp_path/fused.pt."""
     import torch
 
-    from mobilebuild.routes import torchscript
+    from mobilebuild.routes.torchscript import plan as torchscript
 
     (tmp_path / "failing.py").write_text(MODELS)
     namespace = {}
@@ -153,7 +153,7 @@ def _script_request(tmp_path, dtype="float32"):
     spec = {"name": "input", "shape": [1, 8], "dtype": dtype, "memory_format": "contiguous"}
     config = torchscript.ScriptConfig(mode="script", precision="fp32", engine=None, quantization=None,
                                       inputs=[spec], model={"factory": "failing:ignoring"}, fuse=False)
-    return {"stage": "script", "module": "mobilebuild.worker.stages.script", "measures": False,
+    return {"stage": "script", "module": "mobilebuild.routes.torchscript.worker.script", "measures": False,
             "config_type": stages.type_path(torchscript.ScriptConfig), "config": stages.as_json(config),
             "inputs": {"model": str(tmp_path / "fused.pt")}, "output": str(tmp_path / "scripted.pt"),
             "root": str(tmp_path), "task": "script:test"}

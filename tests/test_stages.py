@@ -10,8 +10,9 @@ from torch.jit.mobile import _load_for_lite_interpreter
 from torch.utils.mobile_optimizer import optimize_for_mobile
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.torchscript.worker import optimize, script
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.stages import calibration, checkpoint, fuse, modeling, optimize, quantize, script
+from mobilebuild.worker.stages import calibration, checkpoint, fuse, modeling, quantize
 
 INPUT = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
 INPUTS = [INPUT]

@@ -20,7 +20,7 @@ def lite_model(path, features):
 
 
 def config(threads=1):
-    return BenchConfig(runtime="pytorch-mobile", runtime_module="mobilebuild.worker.runtimes.pytorch_mobile",
+    return BenchConfig(runtime="pytorch-mobile", runtime_module="mobilebuild.routes.torchscript.worker.runtime",
                        runs_on_host=True, timing={"threads": threads, "warmup": 1, "iters": 5},
                        inputs=[{"name": "input", "shape": [1, 3, 8, 8], "dtype": "float32",
                                 "memory_format": "contiguous"}])

@@ -28,7 +28,7 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
 
     from mobilebuild.engine import worker_pool
     from mobilebuild.plan import stages
-    from mobilebuild.routes import executorch
+    from mobilebuild.routes.executorch import plan as executorch
 
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
@@ -40,7 +40,8 @@ def test_the_worker_ends_without_leaving_core_mls_temporary_packages(tmp_path, m
     config = stages.as_json(executorch.LowerConfig(precision="fp32", delegate="coreml", options={}, inputs=[{
         "name": "input", "shape": [1, 3, 8, 8], "dtype": "float32", "memory_format": "contiguous"}],
         model={"factory": "convrelu:make"}, fuse=False))
-    reply = worker_pool.call({"stage": "lower", "module": "mobilebuild.worker.stages.lower", "measures": False,
+    reply = worker_pool.call({"stage": "lower", "module": "mobilebuild.routes.executorch.worker.lower",
+                              "measures": False,
                               "config_type": stages.type_path(executorch.LowerConfig),
                               "inputs": {"model": str(tmp_path / "model.pt")}, "config": config,
                               "output": str(tmp_path / "model.pte"), "root": str(tmp_path)})

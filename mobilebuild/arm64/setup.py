@@ -247,7 +247,7 @@ def _plugin(work, compiler):
 def _check_import(work, cpus, site, extra, runner):
     first = next(iter(arm64.CPUS.values()))
     guest(work, first.qemu, work / "cpus" / first.name, site, extra,
-          ["-c", f"import mobilebuild.worker.guest.{runner}"], timeout=600)
+          ["-c", f"from mobilebuild.worker.guest.serve import load_runner; load_runner({runner!r})"], timeout=600)
 
 
 def _guest_python_version(work, site, extra):

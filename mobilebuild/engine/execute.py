@@ -133,7 +133,7 @@ def _cache_entry(node):
 
     hashes = {f"input:{role}": store.sha256_file(path) for role, path in node.inputs.items()}
     hashes.update({f"file:{path}": store.sha256_file(path) for path in node.files})
-    if node.stage == "bench":
+    if stages.get(node.stage).measures:  # a timing is only worth reusing on the same kind of machine
         hashes["host"] = json.dumps(host(), sort_keys=True)
     return shared_cache(), cache.entry_key(node.key(), hashes)
 
@@ -146,19 +146,10 @@ def request(node, output):
             "task": node.task_name}
 
 
-def draw_plot(inputs, settings, output):
-    from mobilebuild.results import plots  # matplotlib: only when a figure is drawn
-
-    plots.run(inputs, settings, output)
-
-
-# The in-process stages whose code lives above the plan layer, which names none: the rest run their stage module's
-IN_PROCESS = {"plot": draw_plot}
-
-
 def run_in_process(node, output):
-    """A stage that reads results, no tensors, run in this process."""
-    run = IN_PROCESS.get(node.stage) or importlib.import_module(stages.get(node.stage).module_path).run
+    """A stage that reads results, no tensors (the manifest, the plot: matplotlib only when a figure is drawn), run in
+    this process."""
+    run = importlib.import_module(stages.get(node.stage).module_path).run
     run({role: Path(p) for role, p in node.inputs.items()}, node.settings, output)
 
 

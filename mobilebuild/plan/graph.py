@@ -201,7 +201,7 @@ def _arm64(chain, environment, runtime, verification, files, fixed):
     final = chain.nodes[route.final_stage]
     return [chain.node("arm64", f"{recipe.name}-{chain.target.id}-{cpu}", stages.Arm64Config(
                 runtime=runtime["runtime"], runtime_module=runtime["runtime_module"], engine=runtime["engine"],
-                runner=environment["runtimes"][route.runs.name]["runner"], cpu=cpu,
+                runner=route.runs.arm64.runner, cpu=cpu,
                 emulator=arm64.emulator(environment, cpu, route.runs.name), inputs=recipe.inputs, model=chain.source,
                 precision=chain.precision, outputs=recipe.outputs, fixed_shape=fixed, **common),
                 {"artifact": final, "checkpoint": chain.nodes.get("prune") or chain.nodes["checkpoint"]},

@@ -38,11 +38,12 @@ class Int8:
 
 @dataclass(frozen=True)
 class Arm64:
-    """How a runtime's artifacts run in the emulated aarch64 Python (plan/arm64.py): its runner there, a module of
-    mobilebuild.worker.guest, and the aarch64 wheels it needs (pinned to the host's versions by the setup). `setup`: a
-    module with `wheels(version_of)` (more name==version wheels), `missing_tools()` (the host tools it lacks, from
-    Debian's TOOLS_PACKAGE) and `make_loadable(sysroot, site, work)` (-> ["NAME=value" environment entries the
-    emulated process needs]), which the setup calls after installing the wheels (arm64/torch_libs.py); or None."""
+    """How a runtime's artifacts run in the emulated aarch64 Python (plan/arm64.py): its runner there (the family's
+    worker/guest.py, which imports only the standard library, numpy and the runtime), and the aarch64 wheels it needs
+    (pinned to the host's versions by the setup). `setup`: a module with `wheels(version_of)` (more name==version
+    wheels), `missing_tools()` (the host tools it lacks, from Debian's TOOLS_PACKAGE) and `make_loadable(sysroot,
+    site, work)` (-> ["NAME=value" environment entries the emulated process needs]), which the setup calls after
+    installing the wheels (routes/torchscript/torch_libs.py); or None."""
 
     runner: str
     wheels: tuple
@@ -76,6 +77,19 @@ class Section:
     schema: dict | None = None
 
 
+# The activations XNNPACK and the GPU backends fold into the op before them, as its output clamp
+CLAMPS = frozenset({"relu", "relu6", "hardtanh"})
+
+
+@dataclass(frozen=True)
+class ActivationFusion:
+    """Which activations a target fuses into the layer before them ({"conv" | "linear": activation names}; a layer
+    kind left out: no claim either way), and who fuses them: `mobilebuild check` advises on the others."""
+
+    into: dict
+    by: str
+
+
 @dataclass(frozen=True)
 class Checks:
     """What a route adds to the build and to `mobilebuild check`, each a function or None."""
@@ -95,6 +109,7 @@ class Checks:
     device: Callable | None = None
     # why a recipe's artifact takes the example's sizes only, beyond the runtime's and int8's: (recipe) -> str or None
     fixed_shapes: Callable | None = None
+    fusion: ActivationFusion | None = None  # the activations it fuses, for `mobilebuild check`'s advice
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ class Arm64Config:
 
     runtime: str
     runtime_module: str
-    runner: str  # a module of mobilebuild.worker.guest
+    runner: str  # its route family's module that runs it in the emulated Python (plan.routes.Arm64)
     engine: str | None
     cpu: str  # a name of plan.arm64.CPUS
     emulator: dict
@@ -123,7 +123,7 @@ class Arm64Config:
 @dataclass(frozen=True)
 class LayersConfig:
     # the dotted path of the worker-side module that compares (its `compare` hook: worker/stages/layers.py):
-    # mobilebuild.worker.layers.eager (the quantize stage's model, eager or FX graph mode), .pt2e (ExecuTorch), .onnx
+    # worker/layers/eager.py (the quantize stage's model, eager or FX graph mode), a route family's worker/layers.py
     method: str
     precision: str
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
@@ -322,6 +322,6 @@ for _stage in (
           "sha256 and size.", "#eeeeee", in_process=True, cached=False),
     # Keyed on the manifest: only a recipe whose results changed is drawn again; a fresh checkout fetches the rest.
     Stage("plot", PlotConfig, {"manifest": ("manifest",)}, "artifacts/plots/<recipe>.png: host latency, and size "
-          "and quality against it, per recipe.", "#eeeeee", in_process=True),
+          "and quality against it, per recipe.", "#eeeeee", in_process=True, module="mobilebuild.results.plots"),
 ):
     register(_stage)

@@ -28,40 +28,18 @@ def finding(target, kind, detail, where):
 
 # --- activations each target fuses ------------------------------------------------------------------------------
 
-CLAMPS = frozenset({"relu", "relu6", "hardtanh"})
-# key -> ({layer kind: activations fused into it}, who fuses). A layer kind left out: no claim either way.
-FUSION = {
-    "xnnpack/pytorch-mobile": ({"conv": CLAMPS, "linear": CLAMPS}, (
-        "optimize_for_mobile folds only ReLU and ReLU6/Hardtanh clamps into XNNPACK's prepacked convolution and "
-        "linear ops")),
-    "vulkan/pytorch-mobile": ({"conv": CLAMPS}, (
-        "optimize_for_mobile(backend='vulkan') folds only ReLU and ReLU6/Hardtanh clamps into its convolutions")),
-    "metal/pytorch-mobile": ({"conv": CLAMPS}, (
-        "optimize_for_mobile(backend='metal') folds only ReLU and ReLU6/Hardtanh clamps into its convolutions")),
-    "qnnpack/pytorch-mobile": ({"conv": {"relu"}, "linear": {"relu"}},
-                               "eager quantization fuses only Conv/Linear + ReLU (fuse_modules)"),
-    "nnapi/pytorch-mobile": ({"conv": {"relu"}, "linear": set()}, (
-        "the NNAPI converter fuses only ReLU, into quantized convolutions (conv2d_relu); ReLU6 and the rest are "
-        "NNAPI operations of their own")),
-    "executorch/xnnpack": ({"conv": CLAMPS, "linear": CLAMPS}, (
-        "ExecuTorch's XNNPACK delegate fuses only ReLU and ReLU6/Hardtanh clamps into the op before them")),
-    "executorch/vulkan": ({"conv": CLAMPS}, (
-        "ExecuTorch's Vulkan delegate fuses only ReLU and ReLU6/Hardtanh clamps into convolutions (conv_with_clamp)")),
-}
-
-
-def activation_findings(target_id, fusion_key, activations):
-    """One finding per activation kind that follows layers the target cannot fuse it into."""
-    if fusion_key not in FUSION:
+def activation_findings(target_id, fusion, activations):
+    """One finding per activation kind that follows layers the target cannot fuse it into. `fusion`: what the
+    target's route fuses (plan.routes.ActivationFusion), or None: it makes no claim."""
+    if fusion is None:
         return []
-    fused_into, who = FUSION[fusion_key]
     unfused = {}
     for layer, kind, activation in activations:
-        if kind in fused_into and activation not in fused_into[kind]:
+        if kind in fusion.into and activation not in fusion.into[kind]:
             unfused.setdefault(activation, []).append(layer)
     return [finding(target_id, "advice",
                     f"{DISPLAY[activation]} does not fuse into the convolution/linear layer before it "
-                    f"({len(layers)}x): {who}; it runs as a separate pass over the layer's output (the talk: use "
+                    f"({len(layers)}x): {fusion.by}; it runs as a separate pass over the layer's output (the talk: use "
                     "efficient, fusable activations like ReLU)",
                     few(layers, SHOWN_PLACES))
             for activation, layers in unfused.items()]

@@ -12,7 +12,7 @@ from torch import nn
 from mobilebuild.plan.chain import model_source
 from mobilebuild.preflight.advice import ALL_TARGETS, finding
 from mobilebuild.worker import outputs
-from mobilebuild.worker.stages import checkpoint, fuse, modeling, nnapi
+from mobilebuild.worker.stages import checkpoint, fuse, modeling
 
 CHANNEL_MULTIPLE = 8
 
@@ -175,7 +175,7 @@ def unfolded_batch_norms(fused, specs):
         producer = node.inputsAt(0).node() if node.kind() == "aten::batch_norm" else None
         if producer is None or producer.kind() not in CONV_KINDS:
             continue
-        layer, norm = nnapi.module_path(producer), nnapi.module_path(node)
+        layer, norm = modeling.traced_module_path(producer), modeling.traced_module_path(node)
         named = (isinstance(modules.get(layer), LAYERS)
                  and isinstance(modules.get(norm), nn.modules.batchnorm._BatchNorm))
         remedy = (f"list [{layer}, {norm}] in the recipe's `fuse`" if named else

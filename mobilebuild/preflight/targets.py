@@ -85,6 +85,15 @@ class TargetCheck:
         if self.verified is None:
             self.verify_current = False
 
+    def artifact_facts(self, needed):
+        """What the host reads of the artifact without running it (its runtime's `inspect`, worker/runtimes), holding
+        `needed`: as the build's verify recorded them for these very bytes, or read now."""
+        facts = (self.verified or {}).get("artifact")
+        if isinstance(facts, dict) and needed in facts:
+            return facts
+        verify = self.nodes[f"verify:{self.artifact.name}"]
+        return runtimes.inspect(Path(self.artifact.output), verify.settings)
+
     def verify_problem(self):
         """Where the build's verify task for the artifact fails on the recipe itself (preflight.verification.Problem),
         or None: not for an artifact verify does not run here (it checks nothing then), nor where that verify task is
@@ -169,9 +178,9 @@ class TargetCheck:
         return (f"int8: eager mode cannot quantize the model, so the build quantized it in FX graph mode; operations "
                 f"kept float: {floats}")
 
-    def activation_advice(self, label):
-        """The advice table's findings about the model's activations on the route `label` names."""
-        self.findings += activation_findings(self.target.id, label, self.model.activations)
+    def activation_advice(self, fusion):
+        """Advice on the model's activations that `fusion` (plan.routes.ActivationFusion, or None) does not fuse."""
+        self.findings += activation_findings(self.target.id, fusion, self.model.activations)
 
     def hint(self, line):
         """What the route adds to a build error's line, or ""."""

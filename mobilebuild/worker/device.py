@@ -4,7 +4,7 @@ The flow is the performance recipe's and the NNAPI blog's: push the model to /da
 binary there, read its one summary line. Every outcome is a JSON-able dict: "ran" with the binary's own figures,
 "skipped" when there is nothing to run on, "failed" with the output's tail. A figure is only ever one the binary
 printed (or, for iters per second, its exact inverse), never a guess. `adb_session` (a device, adb and the
-binary checked) serves ExecuTorch's LLM runner too (worker/llm_runner.py).
+binary checked) serves ExecuTorch's LLM runner too (routes/executorch/worker/llm_runner.py).
 """
 
 import re

@@ -42,7 +42,7 @@ class Session:
         os.close(reply_write)
         self.replies = os.fdopen(reply_read)
 
-    def run(self, runner, artifact, inputs, options=None, threads=1):
+    def run(self, runner, artifact, inputs, options=None, threads=1, runtime=None):
         """Run `artifact` with `runner` (given `options`) on each of `inputs` (a list of runs, each a list of numpy
         arrays): (the outputs of each run, the reply's counts and seconds)."""
         import numpy
@@ -65,11 +65,11 @@ class Session:
             printed = self._printed()
             self.close()
             last = printed.strip().splitlines()[-1:] or [f"exit status {self.process.poll()}"]
-            raise failures.Failed({"raised_by": f"{runner} on emulated {self.cpu}", "part": None,
+            raise failures.Failed({"raised_by": f"{runtime or runner} on emulated {self.cpu}", "part": None,
                                    "error": f"the emulated process ended: {last[0]}", "traceback": printed})
         reply = json.loads(line)
         if "error" in reply:
-            raise failures.Failed({"raised_by": f"{runner} on emulated {self.cpu}", "part": None,
+            raise failures.Failed({"raised_by": f"{runtime or runner} on emulated {self.cpu}", "part": None,
                                    "error": reply["error"], "traceback": reply["traceback"]})
         outputs = [[numpy.load(path) for path in run] for run in reply.pop("outputs")]
         shutil.rmtree(folder)

@@ -134,16 +134,13 @@ def _text(filename):
     return filename.decode(errors="replace") if isinstance(filename, bytes) else filename
 
 
-# The built-in route families, registered as in the build: the toolchain a stage records (bench's result) lists their
-# packages in every worker, not only in one that happened to resolve a route module's settings type before. Named by
-# string, as the settings types are: the worker side does not import the route layer.
-ROUTE_FAMILIES = "mobilebuild.routes"
-
-
 def serve(reply_fd):
-    """Run requests until stdin closes."""
+    """Run requests until stdin closes. The built-in route families are registered first, as in the build: the
+    toolchain a stage records (bench's result) lists their packages in every worker, not only in one that happened
+    to resolve a family's settings type before."""
+    import mobilebuild.routes  # noqa: F401 - their plan halves: no torch
+
     _die_with_parent()
-    importlib.import_module(ROUTE_FAMILIES)
     with os.fdopen(reply_fd, "w") as replies:
         def started():
             replies.write(STARTED + "\n")

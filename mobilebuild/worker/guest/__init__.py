@@ -1,3 +1,4 @@
 """Code that runs inside an emulated aarch64 Python (`mobilebuild arm64 setup` makes it): the request loop
-(serve.py) and one runner per runtime, each importing only the standard library, numpy and its runtime's aarch64
-wheel. Nothing here imports the rest of mobilebuild: the emulated Python has none of its dependencies."""
+(serve.py), which loads each route family's runner (its worker/guest.py) from its file. The loop and the runners
+import only the standard library, numpy and a runtime's aarch64 wheel: the emulated Python has none of mobilebuild's
+dependencies."""

@@ -1,17 +1,16 @@
 """The emulated process's request loop: `python -m mobilebuild.worker.guest.serve REPLY_FD`, under qemu-aarch64.
 
 One process serves every artifact of its CPU model in a build (worker/emulated.py keeps it): the runtimes' imports
-cost tens of seconds under emulation, the runs seconds. A request (a JSON line on stdin) names a runner module of
-this package, an artifact, its inputs (.npy files, one list per run) and what the host read of the artifact that the
-runner needs (`options`: worker/runtimes' arm64_options); the reply (a JSON line on REPLY_FD, away
+cost tens of seconds under emulation, the runs seconds. A request (a JSON line on stdin) names a runner module (a
+route family's `worker/guest.py`), an artifact, its inputs (.npy files, one list per run) and what the host read of the
+artifact that the runner needs (`options`: worker/runtimes' arm64_options); the reply (a JSON line on REPLY_FD, away
 from what native code prints) names the outputs it saved and, where the instruction-count plugin is loaded, the
-instructions each run took. Each run is marked before and after (close() of a negative descriptor, which the
-plugin watches), after one unmarked run of the first inputs: the first run of a model packs weights and plans
-memory, which an app pays once.
-"""
+instructions each run took. Each run is marked before and after (close() of a negative descriptor, which the plugin
+watches), after one unmarked run of the first inputs: the first run of a model packs weights and plans memory, which an
+app pays once. """
 
 import gc
-import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -22,6 +21,19 @@ import numpy
 
 MARK = -19778  # the descriptor the plugin watches (mobilebuild/arm64/instructions.c)
 SMALL, REPEATS = 20_000_000, 5
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def load_runner(name):
+    """The runner module `name` (mobilebuild.routes.<family>.worker.guest), loaded from its file: importing it by
+    name would run the packages above it, which register the route families with the host's dependencies, which
+    this Python lacks."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(PACKAGE_PARENT, *name.split(".")) + ".py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
 
 
 def mark():
@@ -61,7 +73,7 @@ def _counted(model, arrays, counts, seen):
 
 def serve(request, counts, seen):
     cpu = time.process_time()
-    runner = importlib.import_module(f"{__package__}.{request['runner']}")
+    runner = load_runner(request["runner"])
     started = time.perf_counter()
     mark()
     model = runner.load(request["artifact"], request.get("threads", 1), **request.get("options", {}))

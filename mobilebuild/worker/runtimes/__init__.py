@@ -30,6 +30,12 @@ def arm64_options(path, config):
     return module.arm64_options(path, config) if hasattr(module, "arm64_options") else {}
 
 
+def app_runner(config):
+    """The runner apps embed for the runtime's language models (its module's `app_runner`: worker/stages/lm_bench.py
+    says what it has), or None where its family has none."""
+    return getattr(_module(config), "app_runner", None)
+
+
 def load_generator(path, config, eager=False):
     """A language model a step at a time (worker/lm.py): the artifact in its runtime, or with `eager` the eager
     model from its checkpoint."""

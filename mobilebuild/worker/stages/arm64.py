@@ -41,7 +41,8 @@ def run(inputs, config, output):
     on_host, _ = verify.run_in_batches(runtimes.load(inputs["artifact"], config), data, batch, config.outputs)
     runs = [[x.detach().contiguous().numpy() for x in chunk] for chunk in zip(*(x.split(batch) for x in data))]
     produced, reply = emulated.session(environment, config.cpu).run(
-        config.runner, inputs["artifact"], runs, runtimes.arm64_options(inputs["artifact"], config))
+        config.runner, inputs["artifact"], runs, runtimes.arm64_options(inputs["artifact"], config),
+        runtime=config.runtime)
     if len(produced[0]) != len(expected):
         raise MobileBuildError(f"on emulated {config.cpu} the artifact returns {len(produced[0])} tensor(s), on this "
                                f"host {len(expected)}", field="targets")

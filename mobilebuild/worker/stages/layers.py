@@ -6,8 +6,8 @@ layers with the lowest SQNR, worst first.
 Each route compares with the tools its quantizer comes with, in a worker-side module of its own
 (mobilebuild.worker.layers: eager.py, which hands a model quantized in FX graph mode to fx.py; pt2e.py; onnx.py, its
 graph surgery in onnx_surgery.py; what they share in common.py). The planner names the route's module by its dotted
-path in `config.method` (LayersConfig.method: "mobilebuild.worker.layers.pt2e"; a string, since the plan layer
-imports no worker code); this stage imports it and calls its one entry function. That function is the hook a new
+path in `config.method` (LayersConfig.method: "mobilebuild.routes.executorch.worker.layers"; a string, since the plan
+layer imports no worker code); this stage imports it and calls its one entry function. That function is the hook a new
 route implements:
 
     compare(inputs, config, chunks) -> (errors, method, detail)

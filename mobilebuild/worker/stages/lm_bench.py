@@ -7,9 +7,10 @@ new tokens after it, one step each (greedy), as tokens per second. The prompts a
 do not depend on their values).
 
 The harness: every artifact, and eager transformers, is timed by its runtime's generator, a step at a time from
-Python (worker/lm.py): the one harness every row has, which the report ranks on. An export_llm program of a
-byte-level model is timed by ExecuTorch's own LLM runner too (worker/llm_runner.py: what an app runs, its prompt as
-text, no Python between steps), under "runner", and on an Android device where benchmark.device selects one.
+Python (worker/lm.py): the one harness every row has, which the report ranks on. Where its family has a runner that
+apps embed (the runtime module's `app_runner`: ExecuTorch's LLM runner for an export_llm program of a byte-level
+model), the artifact is timed by it too (its prompt as text, no Python between steps), under "runner", and on an
+Android device where benchmark.device selects one.
 """
 
 import json
@@ -23,11 +24,10 @@ import torch
 
 from mobilebuild import store
 from mobilebuild.plan import toolchain
-from mobilebuild.worker import llm_runner, measure_alone, progress, runtimes, timing
+from mobilebuild.worker import measure_alone, progress, runtimes, timing
 from mobilebuild.worker.stages import bench
 
 GENERATOR = "its runtime's generator, a step at a time from Python"
-RUNNER = "ExecuTorch's LLM runner (TextLLMRunner)"
 
 
 def measure(spec):
@@ -44,10 +44,11 @@ def measure(spec):
         runs = max(1, settings["iters"] // max(config.new_tokens, 1))
         found = timings({str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"],
                                                         runs) for length in config.prompt_lengths})
-        refused = runner_refusal(generator)
-        if not refused:
-            found["runner"] = {"harness": RUNNER, **timings(llm_runner.time_on_host(
-                spec["path"], spec["tokenizer"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs))}
+        runner = runtimes.app_runner(config)
+        refused = runner.refusal_for(generator) if runner else None
+        if runner and not refused:
+            found["runner"] = {"harness": runner.HARNESS, **timings(runner.host_timings(
+                spec["path"], spec["scratch"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs))}
     alone = time.perf_counter() - alone_since
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
             "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
@@ -61,13 +62,6 @@ def timings(per_length):
     # median_ms: the bench stage's median, one decode step, what an app waits for per token
     return {"prompt_lengths": per_length, "decode_tokens_per_s": 1e3 / decode_ms if decode_ms else None,
             "median_ms": decode_ms}
-
-
-def runner_refusal(generator):
-    """Why ExecuTorch's LLM runner does not time this artifact (None: it does): an ExecuTorch generator names its
-    program's methods, no other does."""
-    vocab = generator.forward(torch.zeros(1, 1, dtype=torch.long), 0).shape[-1]
-    return llm_runner.refusal(getattr(generator, "method_names", ()), vocab)
 
 
 def generator_timings(generator, length, new_tokens, warmup, runs):
@@ -98,11 +92,10 @@ def run(inputs, config, output):
               "artifact_sha256": store.sha256_file(artifact), "generation": True, "new_tokens": config.new_tokens,
               "host": bench.host(), "toolchain": toolchain.versions(), "status": "ran"}
     with tempfile.TemporaryDirectory(dir=Path(output).parent) as scratch:
-        tokenizer = llm_runner.byte_tokenizer(Path(scratch) / "tokenizer.json")
         result.update(bench.time_in_subprocess({"config": config, "path": str(artifact), "label": label,
-                                                "tokenizer": str(tokenizer)}, measure))
+                                                "scratch": scratch}, measure))
         if config.device:
-            result["device"] = on_device(artifact, tokenizer, config, result["runner_refused"])
+            result["device"] = on_device(artifact, scratch, config, result["runner_refused"])
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True)
     print(f"   {timings_line(result)}; peak RSS {result['peak_rss_mb']:.0f} MB ({result['harness']})")
@@ -120,13 +113,12 @@ def timings_line(found):
             "tokens/s")
 
 
-def on_device(artifact, tokenizer, config, refused):
-    """ExecuTorch's LLM runner on the selected device, where it times the artifact on the host too."""
-    if refused:
-        return {"status": "skipped", "reason": refused}
-    return llm_runner.time_on_device(artifact, tokenizer, serial=config.device["serial"],
-                                     prompt_lengths=config.prompt_lengths, new_tokens=config.new_tokens,
-                                     binary=config.device["binary"])
+def on_device(artifact, scratch, config, refused):
+    """The family's app runner on the selected device, where it times the artifact on the host too."""
+    runner = runtimes.app_runner(config)
+    if runner is None or refused:
+        return {"status": "skipped", "reason": refused or f"{config.runtime} has no runner that apps embed"}
+    return runner.device_timings(artifact, scratch, config.device, config.prompt_lengths, config.new_tokens)
 
 
 def device_line(found):

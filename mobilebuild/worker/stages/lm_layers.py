@@ -5,8 +5,8 @@ result lists the N layers with the lowest SQNR, worst first (the layers stage's 
 worst layers, `mobilebuild tune`'s ranking), and the SQNR with every layer quantized.
 
 Each route quantizes with its own tools, in a worker-side module named by `config.method` (Generation.layers):
-mobilebuild.worker.layers.lm_torchao (ExecuTorch: ExecuTorch's torchao transform, run eagerly) and .lm_onnx (ONNX
-Runtime's quantizers on the exported step). Its one class is the hook a new route implements:
+mobilebuild.routes.executorch.worker.lm_layers (ExecuTorch: ExecuTorch's torchao transform, run eagerly) and .lm_onnx
+(ONNX Runtime's quantizers on the exported step). Its one class is the hook a new route implements:
 
     Quantizer(model, config, scratch)
       layers               [(module path, class name)]: what it ranks (quantize.exclude's layers left out)

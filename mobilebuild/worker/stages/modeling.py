@@ -370,3 +370,10 @@ def parameter_names(specs):
     """forward's parameter names for a wrapper defined from a string: the inputs' names (identifiers, by the
     schema), or arg_<i> for one that TorchScript's source would read as something else (a keyword, self, torch)."""
     return named_inputs.identifiers([spec["name"] for spec in specs])
+
+
+def traced_module_path(node):
+    """The module a node of a TorchScript trace's inlined graph ran in: its scope
+    '__module.features/__module.features.0/__module.features.0.2' -> 'features.0.2' (the innermost)."""
+    innermost = node.scopeName().rsplit("/", 1)[-1]
+    return innermost.removeprefix("__module").removeprefix(".")

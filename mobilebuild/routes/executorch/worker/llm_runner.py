@@ -1,0 +1,184 @@
+"""ExecuTorch's own LLM runner as the timing harness of an export_llm program: on the host through its Python
+binding (`executorch.extension.llm.runner.TextLLMRunner`), on an Android device through its `llama_main` binary
+over adb (the way worker/device.py runs speed_benchmark_torch for TorchScript).
+
+The runner takes a text prompt and a tokenizer file, not token ids. A byte-level model (a vocabulary of 256: token
+id = byte, as the bundled example's) gets a tokenizer.json that maps each byte to itself (Hugging Face tokenizers'
+byte-level BPE with no merges); any other model would need its own tokenizer, which a recipe does not carry yet,
+and is not timed this way. On the host, times come from the runner's token callback (`time.perf_counter`): the
+runner's own Stats are whole milliseconds, coarser than a decode step of a small model. On a device, they are the
+`PyTorchObserver` line llama_main prints (milliseconds too: that is all the binary reports).
+"""
+
+import contextlib
+import functools
+import json
+import re
+import shlex
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from mobilebuild.routes.executorch.worker import export_llm
+from mobilebuild.worker import device, quiet
+
+# The app-side runner the lm_bench stage times an artifact by, beside its runtime's generator (the family's runtime
+# module names this module its `app_runner`): HARNESS, refusal_for, host_timings, device_timings
+HARNESS = "ExecuTorch's LLM runner (TextLLMRunner)"
+
+BYTES = 256
+LLAMA_MAIN = f"{device.REMOTE_DIR}/llama_main"
+# how ExecuTorch's examples/models/llama/README.md builds llama_main for Android, and where
+BUILD_LLAMA_MAIN = ("in an ExecuTorch checkout as its examples/models/llama/README.md builds it for Android",
+                    "cmake-out-android/examples/models/llama/llama_main")
+RUNNER_LOG = (b"[", b"I ", b"W ", b"E ")  # its log lines' starts (ExecuTorch's, its tokenizers')
+OBSERVER = re.compile(r"PyTorchObserver (\{.*\})")
+
+
+def refusal(program_methods, vocab):
+    """Why the runner cannot time this program (None: it can)."""
+    if export_llm.METADATA_METHOD not in program_methods:
+        return "the LLM runner takes export_llm's programs (tokens and input_pos in, its metadata methods) only"
+    if vocab != BYTES:
+        return (f"the LLM runner takes text and a tokenizer file: only a byte-level vocabulary ({BYTES} token ids) "
+                f"gets one here, this model has {vocab}")
+    return None
+
+
+def refusal_for(generator):
+    """Why the runner does not time the artifact `generator` runs (worker/lm.py), or None: it does. An ExecuTorch
+    generator names its program's methods."""
+    vocab = generator.forward(torch.zeros(1, 1, dtype=torch.long), 0).shape[-1]
+    return refusal(getattr(generator, "method_names", ()), vocab)
+
+
+def host_timings(pte_path, scratch, prompt_lengths, new_tokens, warmup, runs):
+    """time_on_host with the byte-level tokenizer, written in `scratch`."""
+    return time_on_host(pte_path, _tokenizer(scratch), prompt_lengths, new_tokens, warmup, runs)
+
+
+def device_timings(pte_path, scratch, device_settings, prompt_lengths, new_tokens):
+    """time_on_device on benchmark.device's device, with the byte-level tokenizer written in `scratch`."""
+    return time_on_device(pte_path, _tokenizer(scratch), serial=device_settings["serial"],
+                          prompt_lengths=prompt_lengths, new_tokens=new_tokens, binary=device_settings["binary"])
+
+
+def _tokenizer(scratch):
+    path = Path(scratch) / "tokenizer.json"
+    return path if path.exists() else byte_tokenizer(path)
+
+
+@functools.cache
+def stand_ins():
+    """byte -> the printable character that stands for it in byte-level tokenizers (GPT-2's alphabet)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return bytes_to_unicode()
+
+
+def byte_tokenizer(path):
+    """A tokenizer.json whose token ids are the text's UTF-8 bytes. No decoder: each token decodes to its byte's
+    printable stand-in (GPT-2's byte-level alphabet), since the binding hands every token to Python as a str and a
+    lone byte of a multi-byte character is no valid UTF-8 (it raised UnicodeDecodeError)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE(vocab={character: byte for byte, character in stand_ins().items()}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.save(str(path))
+    return path
+
+
+def prompt_text(length):
+    """`length` bytes of ASCII text: as many prompt tokens for a byte-level tokenizer."""
+    return ("the quick brown fox jumps over the lazy dog " * (length // 44 + 1))[:length]
+
+
+def time_on_host(pte_path, tokenizer_path, prompt_lengths, new_tokens, warmup, runs):
+    """{length: {ttft_ms, decode_ms_per_token, runs, generated, tokens}}: each prompt generated greedily by the
+    runner, the first token's callback giving the time to first token, the rest the decode steps; `tokens`: the
+    last run's token ids."""
+    with _runner_quiet():  # its tokenizers' registration note, at import
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels, for it too)
+        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+        runner = TextLLMRunner(str(pte_path), str(tokenizer_path))
+    byte_of = {character: byte for byte, character in stand_ins().items()}
+    found = {}
+    for length in prompt_lengths:
+        first_token, decode, generated = [], [], []
+        for index in range(warmup + runs):
+            stamps, pieces = [], []
+
+            def on_token(piece):
+                stamps.append(time.perf_counter())
+                pieces.append(piece)
+
+            settings = GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0)
+            with _runner_quiet():
+                started = time.perf_counter()
+                runner.generate(prompt_text(length), settings, on_token)
+            runner.reset()
+            if index >= warmup and stamps:
+                first_token.append((stamps[0] - started) * 1e3)
+                generated.append(len(stamps))
+                if len(stamps) > 1:  # it stops early at an end-of-sequence token
+                    decode.append((stamps[-1] - stamps[0]) * 1e3 / (len(stamps) - 1))
+        found[str(length)] = {"ttft_ms": statistics.median(first_token),
+                              "decode_ms_per_token": statistics.median(decode) if decode else None,
+                              "runs": runs, "generated": min(generated),
+                              "tokens": [byte_of[character] for piece in pieces for character in piece]}
+    return found
+
+
+@contextlib.contextmanager
+def _runner_quiet():
+    """The runner prints each token and its statistics (stdout) and logs each step (stderr): kept out of the build's
+    output; where it fails, its exception says only "Generation failed", so its last log line goes with it."""
+    logged = []
+    with quiet.native_stdout_dropped(), quiet.native_stderr(kept=logged, kept_prefix=RUNNER_LOG):
+        try:
+            yield
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {logged[-1].strip() if logged else 'the runner logged nothing'}") from None
+
+
+def parse_observer(text):
+    """{ttft_ms, decode_ms_per_token, generated, prompt_tokens} from llama_main's `PyTorchObserver {...}` line, its
+    own figures in whole milliseconds."""
+    lines = OBSERVER.findall(text)
+    if not lines:
+        raise ValueError("no 'PyTorchObserver {...}' line in the output")
+    stats = json.loads(lines[-1])
+    generated = stats["generated_tokens"]
+    decode = ((stats["inference_end_ms"] - stats["first_token_ms"]) / (generated - 1)) if generated > 1 else None
+    return {"ttft_ms": stats["first_token_ms"] - stats["inference_start_ms"], "decode_ms_per_token": decode,
+            "generated": generated, "prompt_tokens": stats["prompt_tokens"]}
+
+
+def time_on_device(pte_path, tokenizer_path, *, serial, prompt_lengths, new_tokens, binary=LLAMA_MAIN, adb=None,
+                   timeout=600):
+    """Push the program and its tokenizer and run llama_main once per prompt length, as device.benchmark_on_device
+    runs speed_benchmark_torch: "ran" with the binary's figures, else "skipped" or "failed" with the reason."""
+    session = device.adb_session(serial, binary, adb, timeout, build=BUILD_LLAMA_MAIN)
+    if session["status"] != "ready":
+        return session
+    run = session["run"]
+    model, tokenizer = (f"{device.REMOTE_DIR}/{Path(local).name}" for local in (pte_path, tokenizer_path))
+    try:
+        run(["push", str(pte_path), model], "adb push", shell=False)
+        run(["push", str(tokenizer_path), tokenizer], "adb push", shell=False)
+        figures = {}
+        for length in prompt_lengths:
+            argv = [binary, f"--model_path={model}", f"--tokenizer_path={tokenizer}", f"--prompt={prompt_text(length)}",
+                    f"--seq_len={length + new_tokens}", "--temperature=0"]
+            # adb joins the words after `shell` with spaces for the device's shell, so each is quoted for it
+            ran = run([shlex.quote(word) for word in argv], "llama_main")
+            try:
+                figures[str(length)] = parse_observer(ran.stdout)
+            except ValueError as error:
+                return device.failed(f"llama_main: {error}: {device.tail(ran.stdout)}")
+    except device.AdbFailed as failure:
+        return device.failed(str(failure))
+    return {"status": "ran", "serial": serial, "prompt_lengths": figures}

@@ -1,0 +1,1 @@
+"""The nnapi family's worker half: its stages, host runtime, per-layer methods and emulated-ARM runner (torch here)."""

@@ -1,0 +1,2 @@
+"""The torchscript family's worker half: its stages, host runtime, per-layer methods and emulated-ARM runner (torch
+here)."""
