@@ -283,3 +283,12 @@ def test_code_for_the_emulated_python_imports_nothing_it_lacks():
         if found:
             offending[name] = sorted(found)
     assert offending == {}
+
+
+def test_the_stage_code_digest_reads_every_worker_side_module():
+    """A change to any code a stage runs rebuilds its nodes in a development checkout (plan/toolchain.py): the
+    shared worker side and every family's worker half."""
+    from mobilebuild.plan import toolchain
+
+    read = {module_name(path) for path in toolchain.worker_sources()}
+    assert read == {name for name in MODULES if name.startswith("mobilebuild.worker") or FAMILY_WORKER.match(name)}

@@ -54,13 +54,19 @@ def interpreter(spec, recipe_file, root, field):
 
 
 # Everything that runs in a stage, and so shapes an artifact's bytes or a result: the stages, the runtimes that
-# verify and time artifacts, and what serves them (its frames sit in a traced model's debug info).
-WORKER_SIDE = Path(__file__).parents[1] / "worker"
+# verify and time artifacts, and what serves them (its frames sit in a traced model's debug info): the worker side
+# every family shares, and each family's worker half
+PACKAGE = Path(__file__).parents[1]
 
 
+def worker_sources():
+    return sorted([*(PACKAGE / "worker").rglob("*.py"), *(PACKAGE / "routes").glob("*/worker/**/*.py")])
+
+
+@functools.lru_cache(maxsize=None)
 def stage_code_digest():
     """The source of the worker side, so a development checkout rebuilds when it changes, not only on releases."""
     digest = hashlib.sha256()
-    for source in sorted(WORKER_SIDE.rglob("*.py")):
-        digest.update(source.relative_to(WORKER_SIDE).as_posix().encode() + b"\0" + source.read_bytes())
+    for source in worker_sources():
+        digest.update(source.relative_to(PACKAGE).as_posix().encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()
