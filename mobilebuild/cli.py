@@ -227,7 +227,11 @@ def main(argv=None):
         at = args.index("--dask")
         address = args[at + 1]
         del args[at:at + 2]
-        return build_on_dask(address, args)
+        try:
+            return build_on_dask(address, args)
+        except MobileBuildError as exc:
+            print(f"mobilebuild build: {exc}", file=sys.stderr)
+            return 2
     if args[:1] == ["build"]:
         try:
             rest = recipe_tasks(args[1:])

@@ -98,9 +98,11 @@ def upgraded(monkeypatch):
 
     def upgrade(distribution):
         monkeypatch.setattr(probe, "facts", lambda names, *rest: {**read(names, *rest), distribution: "99.0"})
+        toolchain.installed.cache_clear()
         toolchain.versions.cache_clear()
 
     yield upgrade
+    toolchain.installed.cache_clear()
     toolchain.versions.cache_clear()
 
 

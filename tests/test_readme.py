@@ -3,7 +3,7 @@
 from conftest import REPO
 
 TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest"
-BUILD_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/doit"
+BUILD_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[all]' && .venv/bin/doit"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -16,6 +16,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from mobilebuild.errors import MobileBuildError
+
 ADDRESS_VARIABLE = "MOBILEBUILD_DASK"  # set by `mobilebuild build --dask`; read by every doit process and thread
 
 _clients = {}
@@ -29,7 +31,11 @@ def address():
 def cluster(at):
     """The Dask scheduler at `at`, or a LocalCluster of one worker process per core (`local`), named in the
     environment for the build's nodes while the block runs; yields how many worker threads it has (at least 1)."""
-    from distributed import Client, LocalCluster
+    try:
+        from distributed import Client, LocalCluster
+    except ModuleNotFoundError:
+        raise MobileBuildError("--dask needs Dask, which is not installed here: pip install 'mobilebuild[dask]'",
+                               field="--dask") from None
 
     local = None
     if at == "local":

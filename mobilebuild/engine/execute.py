@@ -42,6 +42,8 @@ def run_node(node):
         log_path(node).unlink(missing_ok=True)
         print(f"   {node.output} (from the cache)", flush=True)
         return {FROM_CACHE: True}
+    if node.not_installed:  # its route family's or model library's packages: one line naming the extra
+        return TaskFailed(f"{node.recipe_file}: {node.not_installed}")
     remote = distributed.address() is not None and not stages.get(node.stage).in_process
     try:
         if remote:

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.plan import stages, toolchain
+from mobilebuild.plan import routes, stages, toolchain
 from mobilebuild.plan.node import Node
 from mobilebuild.plan.settings import MODEL_LIBRARIES, ModelSource, Quantization
 
@@ -274,7 +274,8 @@ def checked_node(recipe, stage, name, settings, inputs, output, **extra):
     packages = (*extra.pop("packages", ()), *([library] if library else []))
     return Node(stage, name, recipe=recipe.name, recipe_file=recipe.file, settings=settings,
                 inputs={role: source.output if isinstance(source, Node) else source for role, source in inputs.items()},
-                output=output, time_limit=recipe.limits.get(stages.get(stage).limit), packages=packages, **extra)
+                output=output, time_limit=recipe.limits.get(stages.get(stage).limit), packages=packages,
+                not_installed=routes.not_installed(packages, toolchain.installed(extra.get("interpreter"))), **extra)
 
 
 def files_below(directory, root):

@@ -29,6 +29,9 @@ class Node:
     # model with (ModelSource.library), beyond torch and torchvision: the versions that key it (toolchain.versions).
     # Shared nodes (checkpoint, prune, fuse, quantize, manifest) have no route's.
     packages: tuple = ()
+    # Why it cannot run here: one line naming what of `packages` its interpreter lacks and the extra of mobilebuild
+    # that installs it (plan.routes.not_installed), or None. Not part of the key: installing it changes no setting.
+    not_installed: str | None = None
 
     @functools.cached_property
     def config(self):

@@ -17,8 +17,8 @@ import yaml
 from mobilebuild import store
 from mobilebuild.errors import MobileBuildError, RecipeErrors
 from mobilebuild.plan import arm64, hub, routes
-from mobilebuild.plan.chain import escaping, files_below
-from mobilebuild.plan.settings import Fusion
+from mobilebuild.plan.chain import escaping, files_below, library_version
+from mobilebuild.plan.settings import MODEL_LIBRARY_EXTRA, Fusion
 
 SCHEMA_PATH = Path(__file__).parents[1] / "recipe.schema.json"  # at the package's top: editors point at it
 CACHE_FILE = ".mobilebuild/recipes.json"
@@ -451,6 +451,9 @@ def _hub_problems(model, file, root):
     source = hub.library(model)
     if source is None:
         return []
+    if library_version(source) is None:  # before its probe, which imports it
+        return [problem(f"model.{source}", f"{source} is not installed here: pip install "
+                                           f"'mobilebuild[{MODEL_LIBRARY_EXTRA}]'")]
     if model.get("kwargs", {}).get("pretrained"):
         return [problem("model.kwargs.pretrained", "nothing is downloaded at build time: leave pretrained out (random "
                                                    "weights), or give the weights as model.checkpoint" +

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan.registry import Registry
-from mobilebuild.plan.settings import MODEL_LIBRARIES
+from mobilebuild.plan.settings import MODEL_LIBRARIES, MODEL_LIBRARY_EXTRA
 
 DEVICE_ONLY = "runs only on {where}; the host checks that the artifact loads and records its structure"
 RUNTIMES_PACKAGE = "mobilebuild.worker.runtimes"
@@ -63,6 +63,8 @@ class Runtime:
     package: str | None = None  # the one that names the runtime's version in `mobilebuild check`'s header
     structure: Callable | None = None  # verify's host facts about the artifact -> one line for the report
     arm64: Arm64 | None = None  # how its artifacts run on emulated ARM CPUs; None: they do not
+    # the extra of mobilebuild that installs `packages` (pip install 'mobilebuild[extra]'); None: the core install
+    extra: str | None = None
 
     @property
     def module_path(self):
@@ -267,6 +269,24 @@ def distributions():
     registration order."""
     return tuple(dict.fromkeys(("torch", "torchvision", *MODEL_LIBRARIES,
                                 *(d for r in _ROUTES.all() for d in r.runs.packages))))
+
+
+def not_installed(packages, found):
+    """One line naming what of `packages` is missing from `found` (toolchain.versions: a version or None each) and
+    the extra that installs it, or None where every one is there."""
+    missing = [name for name in packages if found.get(name, "") is None]
+    if not missing:
+        return None
+    family = next((route.runs for route in _ROUTES.all() if set(missing) & set(route.runs.packages)), None)
+    if family is None or family.extra is None:  # a library of models
+        return f"{', '.join(missing)} is not installed here: pip install 'mobilebuild[{MODEL_LIBRARY_EXTRA}]'"
+    return (f"{family.family} is not installed here ({', '.join(missing)} missing): pip install "
+            f"'mobilebuild[{family.extra}]'")
+
+
+def installed_families(found):
+    """{a family's report name: None where it is installed, else the line saying what installs it}."""
+    return {route.runs.family: not_installed(route.runs.packages, found) for route in _ROUTES.all()}
 
 
 def runtime_packages():

@@ -8,6 +8,7 @@ from typing import Literal, TypedDict
 # Libraries of models a recipe's model: may name (its key): the nodes that build a model with one are keyed on its
 # version (ModelSource.library), as the node's interpreter has it.
 MODEL_LIBRARIES = ("timm", "transformers")
+MODEL_LIBRARY_EXTRA = "hub"  # the extra of mobilebuild that installs them
 
 
 class ModelSource(TypedDict, total=False):

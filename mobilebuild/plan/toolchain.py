@@ -21,11 +21,18 @@ def versions(interpreter=None, packages=None):
     torchvision's and theirs among routes.distributions(): what keys a node's up-to-date check, so that registering
     or upgrading another route family or library rebuilds none of its nodes.
     Cached: one dict per combination (engine/uptodate.py encodes each once)."""
-    found = probe.facts(routes.distributions()) if interpreter is None else probe_interpreter(interpreter)
+    found = installed(interpreter)
     if packages is not None:
         dropped = set(routes.distributions()) - {"torch", "torchvision", *packages}
         found = {name: version for name, version in found.items() if name not in dropped}
     return {**found, "mobilebuild": __version__, "stages_sha256": stage_code_digest()}
+
+
+@functools.lru_cache(maxsize=None)
+def installed(interpreter=None):
+    """{"python", each of routes.distributions(): its version, or None where it is not installed}, as this
+    interpreter or a target's `toolchain` interpreter has them."""
+    return probe.facts(routes.distributions()) if interpreter is None else probe_interpreter(interpreter)
 
 
 def probe_interpreter(interpreter, gpu_ops=None):

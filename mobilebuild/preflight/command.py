@@ -51,9 +51,18 @@ def header(report):
     model = report["model"]
     how = ("structure as the last check found it (same model, inputs, fusion and code)" if model.get("cached")
            else f"built and fused in {model['seconds']:.1f} s")
-    lines = [f"{report['recipe']} ({report['file']}): {versions}",
+    lines = [f"{report['recipe']} ({report['file']}): {versions}", *_families(report.get("families")),
              f"model: {how}; all targets: {_status(model['findings'])} ({STRUCTURE_ONLY})"]
     return lines + _table(model["findings"], model["notes"])
+
+
+def _families(families):
+    """The route families installed, and what installs the others (plan.routes.installed_families)."""
+    if not families:
+        return []
+    missing = "; ".join(line for line in families.values() if line)
+    return [f"route families installed: {', '.join(name for name, line in families.items() if not line) or 'none'}"
+            + (f"; not installed: {missing}" if missing else "")]
 
 
 def target_line(result):

@@ -130,6 +130,7 @@ def run(recipe_path, root, targets=None, on_model=None, on_target=None):
         model = model_facts(loaded, root, memory)
         versions = {name: toolchain.versions()[name] for name in routes.runtime_packages()}
         report = {"recipe": loaded.name, "file": loaded.file, "versions": versions,
+                  "families": routes.installed_families(toolchain.installed()),
                   "model": {"findings": model.findings, "notes": model.notes, "cached": model.cached,
                             "seconds": round(time.perf_counter() - started, 2)}}
         if on_model:

@@ -197,7 +197,7 @@ def lm_device(device_config):
 
 def runtime(device_only=None):
     return Runtime("executorch", FAMILY, module="mobilebuild.routes.executorch.worker.runtime", device_only=device_only,
-                   packages=PACKAGES, package="executorch", structure=structure,
+                   packages=PACKAGES, package="executorch", structure=structure, extra="executorch",
                    arm64=Arm64("mobilebuild.routes.executorch.worker.guest", ("executorch", "torch"), setup=torch_libs))
 
 

@@ -192,7 +192,7 @@ CHECKS = Checks(preflight=preflight, outputs=outputs)
 
 def runtime(device_only=None):
     return Runtime("litert", FAMILY, module="mobilebuild.routes.litert.worker.runtime", device_only=device_only,
-                   fixed_shapes=FIXED, packages=PACKAGES, package="ai-edge-litert", structure=structure,
+                   fixed_shapes=FIXED, packages=PACKAGES, package="ai-edge-litert", structure=structure, extra="litert",
                    arm64=Arm64("mobilebuild.routes.litert.worker.guest", ("ai-edge-litert",)))
 
 

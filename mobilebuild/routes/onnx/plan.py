@@ -109,7 +109,7 @@ stages.register(stages.Stage(
 register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
                "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
                Runtime("onnxruntime", "ONNX Runtime", module="mobilebuild.routes.onnx.worker.runtime",
-                       packages=PACKAGES, package="onnxruntime", structure=structure,
+                       packages=PACKAGES, package="onnxruntime", structure=structure, extra="onnx",
                        arm64=Arm64("mobilebuild.routes.onnx.worker.guest", ("onnxruntime",))),
                int8=Int8("final", observers=ORT_OBSERVERS, modes=MODES), section=Section("onnx", SCHEMA),
                default=True,
