@@ -62,6 +62,7 @@ class Runtime:
     packages: tuple = ()  # the packages besides torch whose versions shape the artifact
     package: str | None = None  # the one that names the runtime's version in `mobilebuild check`'s header
     structure: Callable | None = None  # verify's host facts about the artifact -> one line for the report
+    notes: Callable | None = None  # verify's host facts about the artifact -> the report's notes on it, [lines]
     arm64: Arm64 | None = None  # how its artifacts run on emulated ARM CPUs; None: they do not
     # the extra of mobilebuild that installs `packages` (pip install 'mobilebuild[extra]'); None: the core install
     extra: str | None = None
@@ -139,7 +140,6 @@ class Route:
     summary: str
     runs: Runtime
     int8: Int8 | None = None
-    delegate: str | None = None  # ExecuTorch's partitioner
     section: Section | None = None
     # The target's precision when the route takes it from its own settings rather than `precision:` (NNAPI's mode).
     precision_of: Callable | None = None

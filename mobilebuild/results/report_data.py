@@ -577,12 +577,13 @@ def _structure(row):
     return route.runs.structure(facts) if route is not None and route.runs.structure is not None else ""
 
 
-def _fallbacks(rows):
-    """Which operators an ExecuTorch artifact runs outside its delegate, per target."""
+def _artifact_notes(rows):
+    """What each artifact's route notes of what the host read from it (Runtime.notes: the operators an ExecuTorch
+    program runs outside its delegate), per target."""
     for row in rows:
-        ops = _dict(_get(_dict(_get(row.verification, "artifact")), "delegation")).get("fallback_ops")
-        if isinstance(ops, dict) and ops:
-            yield f"not delegated ({row.label}): " + ", ".join(f"{op} x{count}" for op, count in sorted(ops.items()))
+        route = routes.get(row.backend, row.runtime)
+        if route is not None and route.runs.notes is not None:
+            yield from (f"{line} ({row.label})" for line in route.runs.notes(_dict(_get(row.verification, "artifact"))))
 
 
 def _failures(rows):
@@ -665,7 +666,7 @@ def _notes(rows):
         summary = _get(_get(row.verification, "against_unpruned"), "summary")
         if summary:
             notes.append(f"against the unpruned fp32 model ({row.label}): {summary}")
-    notes.extend(_fallbacks(rows))
+    notes.extend(_artifact_notes(rows))
     return notes
 
 
@@ -724,12 +725,14 @@ def _section(manifest):
 
 GENERATION_TITLE = ("Generation, token by token (a language model with its KV cache; the main table's latency is one "
                     "decode step, timed for every row by its runtime's generator from Python, which the ranking "
-                    "compares; ExecuTorch's LLM runner beside it where it timed a row): time to first token per "
-                    "prompt length, greedy agreement with eager, the lowest logits SQNR, held-out perplexity")
+                    "compares; the runner an app embeds beside it, where its family has one and it timed a row): time "
+                    "to first token per prompt length, greedy agreement with eager, the lowest logits SQNR, held-out "
+                    "perplexity")
 
 
 def _runner(row):
-    """The timings of ExecuTorch's LLM runner beside the generator's (lm_bench), {} where it did not time the row."""
+    """The timings of the family's app runner (ExecuTorch's LLM runner) beside the generator's (lm_bench), {} where it
+    did not time the row."""
     return _dict(_get(row.benchmark, "runner")) if row.timing("median_ms") is not None else {}
 
 
@@ -750,7 +753,7 @@ def _on_device(row):
 
 
 RANKED = "generator, from Python (ranked)"
-RUNNER = "ExecuTorch's LLM runner (not ranked)"
+RUNNER = "the app's runner (not ranked)"
 GENERATION_COLUMNS = [
     Column("target", "", False, lambda row: row.label),
     Column("precision", "", False, lambda row: _text(row.precision)),
@@ -767,7 +770,7 @@ GENERATION_COLUMNS = [
     Column("SQNR (dB)", "", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
     Column("perplexity", "", True, lambda row: _fixed(row.metric("perplexity_artifact"), 3)),
     Column("eager perplexity", "", True, lambda row: _fixed(row.metric("perplexity_eager"), 3)),
-    Column("on a device (prompt length: llama_main's figures)", "", False, _on_device),
+    Column("on a device (prompt length: the runner's figures)", "", False, _on_device),
 ]
 
 

@@ -62,18 +62,26 @@ class LowerConfig:
     mode: str = when_set("static")  # int8: quantize.mode, static (calibrated) or dynamic (int8 activations at run time)
 
 
+# Each backend's delegate (ExecuTorch's partitioner), where the target's executorch.delegate does not name another
+DELEGATES = {"xnnpack": "xnnpack", "vulkan": "vulkan", "metal": "coreml"}
+
+
+def own_delegate(route):
+    return DELEGATES[route.backend]
+
+
 def lower(chain):
     quantization, files = chain.final_quantization()
     options = chain.settings
-    delegate = options.pop("delegate", chain.route.delegate)
-    if delegate != chain.route.delegate:  # another delegate's quantizer: its own observers and module selection
+    delegate = options.pop("delegate", own_delegate(chain.route))
+    if delegate != own_delegate(chain.route):  # another delegate's quantizer: its own observers and module selection
         for key in ("exclude", "observer"):
             if quantization.get(key):
                 raise chain.error(f"the {delegate} delegate's int8 recipe quantizes with its own quantizer, which "
                                   f"takes no {key}: leave it out for this target", f"quantize.{key}")
         if quantization.get("mode") == "dynamic":
             raise chain.error(f"the {delegate} delegate's int8 recipe is static (calibrated): mode 'dynamic' is "
-                              f"{chain.route.delegate}'s; use mode 'static' for this target", "quantize.mode")
+                              f"{own_delegate(chain.route)}'s; use mode 'static' for this target", "quantize.mode")
     config = LowerConfig(precision=chain.precision, inputs=chain.recipe.inputs, delegate=delegate, options=options,
                          model=chain.source, fuse=chain.recipe.fuse, **quantization)
     return chain.shipped("lower", config, {"model": chain.nodes["fuse"]}, files=files)
@@ -83,7 +91,7 @@ def pt2e_layers(chain, common, files):
     """The lower stage's PT2E quantization run again, its quantized graph against the float one (only where the
     target lowers to the route's own delegate, whose quantizer this is)."""
     lowering = chain.nodes[chain.route.final_stage].settings
-    if lowering.delegate != chain.route.delegate:
+    if lowering.delegate != own_delegate(chain.route):
         return None
     settings = stages.LayersConfig(method="mobilebuild.routes.executorch.worker.layers", weights=lowering.weights,
                                    options=lowering.options, exclude=lowering.exclude, observer=lowering.observer,
@@ -101,6 +109,12 @@ def structure(facts):
     how = f"; int8 {text(made.get('int8'))} by torchao, as {text(made.get('why'))}" if made.get("int8") else ""
     return (f"{delegates or 'nothing delegated'}; {text(delegation.get('fallback_calls'))} op(s) outside the "
             f"delegate{how}")
+
+
+def fallback_notes(facts):
+    """The report's note on the operators a program runs outside its delegate, on ExecuTorch's portable kernels."""
+    ops = mapping(mapping(facts.get("delegation")).get("fallback_ops"))
+    return ["not delegated: " + ", ".join(f"{op} x{count}" for op, count in sorted(ops.items()))] if ops else []
 
 
 # --- mobilebuild check: what the program delegates, read from the .pte (by the build's verify, where it read these
@@ -125,7 +139,7 @@ def undelegated_message(summary, delegate):
 
 
 def preflight(check):
-    delegate = check.artifact.config.get("delegate") or check.route.delegate
+    delegate = check.artifact.config.get("delegate") or own_delegate(check.route)
     check.facts["delegate"] = delegate
     check.activation_advice(DELEGATE_FUSION.get(delegate))
     if not check.built:
@@ -197,21 +211,22 @@ def lm_device(device_config):
 
 def runtime(device_only=None):
     return Runtime("executorch", FAMILY, module="mobilebuild.routes.executorch.worker.runtime", device_only=device_only,
-                   packages=PACKAGES, package="executorch", structure=structure, extra="executorch",
+                   packages=PACKAGES, package="executorch", structure=structure, notes=fallback_notes,
+                   extra="executorch",
                    arm64=Arm64("mobilebuild.routes.executorch.worker.guest", ("executorch", "torch"), setup=torch_libs))
 
 
 register(Route("xnnpack", "executorch", ("fp32", "int8"), ("lower",), ".pte",
                "CPU through ExecuTorch's XNNPACK delegate (int8: pt2e XNNPACKQuantizer)", runtime(),
                int8=Int8("final", observers=TORCH_OBSERVERS, modes=MODES, fixed_shapes=INT8_FIXED),
-               delegate="xnnpack", section=SECTION, generation=Generation("lm_lower", ("fp32", "8da4w", "8da8w"),
+               section=SECTION, generation=Generation("lm_lower", ("fp32", "8da4w", "8da8w"),
                                      layers="mobilebuild.routes.executorch.worker.lm_layers", device=lm_device),
                checks=replace(CHECKS, layers=pt2e_layers, layer_methods={
                    "pt2e": "PT2E numeric debugger",
                    "lm_torchao": "each linear layer alone quantized by torchao, eager logits at the prefill"})))
 register(Route("vulkan", "executorch", ("fp32",), ("lower",), ".pte", "GPU through ExecuTorch's Vulkan delegate",
-               runtime("a device with a Vulkan GPU and ExecuTorch's Vulkan runtime"), delegate="vulkan",
+               runtime("a device with a Vulkan GPU and ExecuTorch's Vulkan runtime"),
                section=SECTION, checks=CHECKS))
 register(Route("metal", "executorch", ("fp32",), ("lower",), ".pte",
                "Apple GPU / Neural Engine through ExecuTorch's Core ML delegate (or MPS)",
-               runtime("an Apple device (Core ML / MPS)"), delegate="coreml", section=SECTION, checks=CHECKS))
+               runtime("an Apple device (Core ML / MPS)"), section=SECTION, checks=CHECKS))
