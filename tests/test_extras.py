@@ -17,7 +17,7 @@ from mobilebuild.preflight import command
 
 
 def test_a_family_missing_a_package_is_named_with_its_extra():
-    litert = routes.get("xnnpack", "litert").runs
+    litert = routes.get("xnnpack", "litert").runs_in
     found = {**toolchain.installed(), "ai-edge-litert": None}
     line = routes.not_installed(litert.packages, found)
     assert line == "LiteRT is not installed here (ai-edge-litert missing): pip install 'mobilebuild[litert]'"
@@ -53,19 +53,20 @@ def _closure(names):
     return seen
 
 
-@pytest.mark.parametrize("family", sorted({route.runs.extra for route in routes.all_routes() if route.runs.extra}))
+@pytest.mark.parametrize("family", sorted({route.runs_in.extra for route in routes.all_routes()} - {None}))
 def test_each_familys_extra_installs_every_package_that_keys_its_nodes(family):
     """pyproject.toml's extra and the family's Runtime.packages cannot drift apart: installing the extra alone
     installs what the family's nodes need (read from the installed metadata, transitively)."""
     listed = _requirements("mobilebuild", family)
     assert listed, f"no extra {family!r} in mobilebuild's metadata"
-    packages = {name for route in routes.all_routes() if route.runs.extra == family for name in route.runs.packages}
+    packages = {name for route in routes.all_routes() if route.runs_in.extra == family
+                for name in route.runs_in.packages}
     assert packages - _closure(listed) == set()
 
 
 def test_the_core_install_holds_no_familys_packages_and_all_holds_every_extra():
     core = _closure(_requirements("mobilebuild"))
-    families = {route.runs.extra: route.runs.packages for route in routes.all_routes() if route.runs.extra}
+    families = {route.runs_in.extra: route.runs_in.packages for route in routes.all_routes() if route.runs_in.extra}
     assert {extra: packages[0] for extra, packages in families.items() if packages[0] in core} == {}
     (everything,) = [line for line in metadata.requires("mobilebuild") if re.search(r'extra\s*==\s*"all"', line)]
     assert set(re.search(r"mobilebuild\[([^]]+)\]", everything).group(1).split(",")) == {*families, "hub", "dask"}

@@ -186,7 +186,7 @@ def _route_names():
 
     found = set(executorch.BACKEND_NAMES)  # the delegates ExecuTorch's targets name
     for route in routes.all_routes():
-        found |= {route.backend, route.runtime, route.runs.name}
+        found |= {route.backend, route.runtime, route.runs_in.name}
     return found
 
 
@@ -198,17 +198,27 @@ def _constants(node):
     return set()
 
 
+def _compound(text, names):
+    """Whether `text` joins route names ("executorch/xnnpack": a backend keyed with its runtime)."""
+    parts = text.split("/")
+    return len(parts) > 1 and all(part in names for part in parts)
+
+
 def route_name_uses(source, names):
-    """Comparisons with a route's backend, runtime or delegate name, and tables keyed by two or more of them."""
+    """Comparisons with a route's backend, runtime or delegate name, and tables keyed by two or more of them, or by
+    compound keys of them."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Compare):
-            hits = set().union(*(_constants(part) for part in (node.left, *node.comparators))) & names
+            constants = set().union(*(_constants(part) for part in (node.left, *node.comparators)))
+            hits = constants & names | {text for text in constants if _compound(text, names)}
             found += [(node.lineno, name) for name in sorted(hits)]
         elif isinstance(node, ast.Dict):
-            keys = {key.value for key in node.keys if isinstance(key, ast.Constant)} & names
-            if len(keys) > 1:
-                found += [(node.lineno, name) for name in sorted(keys)]
+            constants = {key.value for key in node.keys if isinstance(key, ast.Constant) and isinstance(key.value, str)}
+            compound = {text for text in constants if _compound(text, names)}
+            keys = constants & names
+            if len(keys) > 1 or compound:
+                found += [(node.lineno, name) for name in sorted(keys | compound)]
     return found
 
 
@@ -230,6 +240,9 @@ def test_the_backend_name_check_finds_a_comparison_and_a_table():
     assert route_name_uses('ok = runtime in ("onnx", "x")\n', names) == [(1, "onnx")]
     assert route_name_uses('TABLE = {"xnnpack": 1, "onnx": 2}\n', names) == [(1, "onnx"), (1, "xnnpack")]
     assert route_name_uses('facts = {"xnnpack": True, "version": 1}\n', names) == []
+    assert route_name_uses('FUSION = {"onnx/xnnpack": (1, 2)}\n', names) == [(1, "onnx/xnnpack")]
+    assert route_name_uses('if key == "xnnpack/onnx":\n    pass\n', names) == [(1, "xnnpack/onnx")]
+    assert route_name_uses('path = {"docs/onnx.md": 1}\n', names) == []
 
 
 def code_named(path):
@@ -260,7 +273,7 @@ def test_every_registered_stage_and_runtime_names_a_module_that_exists():
 
     named = {stage.module_path for stage in stages.all_stages()}
     for route in routes.all_routes():
-        named |= {route.runs.module_path, *((route.runs.arm64.runner,) if route.runs.arm64 else ()),
+        named |= {route.runs_in.module_path, *((route.runs_in.arm64.runner,) if route.runs_in.arm64 else ()),
                   *((route.generation.layers,) if route.generation and route.generation.layers else ())}
     assert named - set(MODULES) == set()
 

@@ -182,7 +182,7 @@ class Chain:
 
     def node(self, stage, name, settings, inputs, output, **extra):
         """A node of `stage` for this target (see checked_node), keyed on its route's packages."""
-        return checked_node(self.recipe, stage, name, settings, inputs, output, packages=self.route.runs.packages,
+        return checked_node(self.recipe, stage, name, settings, inputs, output, packages=self.route.runs_in.packages,
                             **extra)
 
     def shipped(self, stage, settings, inputs, files=()):

@@ -127,7 +127,7 @@ def target_nodes(chain, root):
     """(the artifact's node, its verification and timing nodes, the manifest's entry) of a language model target."""
     recipe, route, target = chain.recipe, chain.route, chain.target
     final = stages.get(route.generation.stage).planner()(chain)
-    runtime = {"runtime": route.runs.name, "runtime_module": route.runs.module_path}
+    runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module_path}
     text_files = source_files(root, recipe.generate.get("text"))
     name = f"{recipe.name}-{target.id}"
     verify = chain.node(VERIFY, name, _verify_config(chain, runtime),
@@ -141,7 +141,7 @@ def target_nodes(chain, root):
     if chain.precision != "fp32" and route.generation.layers and recipe.verify.get("layers", True):
         checks.append(_layers_node(chain, name, final, text_files))
     entry = {"target": target.id, "backend": route.backend, "runtime": route.runtime, "precision": chain.precision,
-             "path": final.output, "runs_on_host": route.runs_on_host, "device_only": route.runs.device_only,
+             "path": final.output, "runs_on_host": route.runs_on_host, "device_only": route.runs_in.device_only,
              "delegate": final.config.get("delegate"), "pruning": None, "quantization": None,
              "interpreter": final.interpreter, "fixed_shape": None, "generation": True}
     return final, checks, entry

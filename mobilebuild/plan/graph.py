@@ -95,7 +95,7 @@ def recipe_nodes(recipe, root):
             continue
         final, precision = chain.nodes[route.final_stage], chain.precision
         fixed = route.fixed_shape(recipe, precision, (chain.quantization or {}).get("mode", "static"))
-        runtime = {"runtime": route.runs.name, "runtime_module": route.runs.module_path,
+        runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module_path,
                    "engine": route.engine if route.quantizes_eagerly else None, "inputs": recipe.inputs,
                    "runs_on_host": route.runs_on_host, "host_reason": route.host_reason}
         results.append(chain.node(
@@ -108,7 +108,7 @@ def recipe_nodes(recipe, root):
             {"artifact": final, "checkpoint": chain.nodes.get("prune") or checkpoint,
              **({"unpruned": checkpoint} if "prune" in chain.nodes else {})},
             f"{out}/verify-{target.id}.json", files=verification_files, fields=chain.fields))
-        device = route.checks.device
+        device = route.runs_in.device_bench
         results.append(chain.node(
             "bench", f"{recipe.name}-{target.id}",
             stages.BenchConfig(**runtime, timing=timing,
@@ -120,7 +120,7 @@ def recipe_nodes(recipe, root):
         results.extend(_arm64(chain, emulated, runtime, verification, verification_files, fixed))
         targets.append({"target": target.id, "backend": route.backend, "runtime": route.runtime,
                         "precision": precision, "path": final.output, "runs_on_host": route.runs_on_host,
-                        "device_only": route.runs.device_only, "delegate": final.config.get("delegate"),
+                        "device_only": route.runs_in.device_only, "delegate": final.config.get("delegate"),
                         "pruning": target.prune or None, "quantization": chain.quantization,
                         "interpreter": final.interpreter, "fixed_shape": fixed})
     if problems:
@@ -192,7 +192,7 @@ def _arm64(chain, environment, runtime, verification, files, fixed):
     """The target's nodes on each emulated ARM CPU of verify.arm64: a CPU artifact of a runtime the environment
     has (`mobilebuild arm64 setup`), none where there is no environment."""
     route, recipe = chain.route, chain.recipe
-    if environment is None or not route.runs_on_host or route.runs.name not in environment["runtimes"]:
+    if environment is None or not route.runs_on_host or route.runs_in.name not in environment["runtimes"]:
         return []
     settings = recipe.verify.get("arm64") or {}
     common = {key: verification[key] for key in ("samples", "seed", "thresholds", "evaluation", "calibration")
@@ -201,8 +201,8 @@ def _arm64(chain, environment, runtime, verification, files, fixed):
     final = chain.nodes[route.final_stage]
     return [chain.node("arm64", f"{recipe.name}-{chain.target.id}-{cpu}", stages.Arm64Config(
                 runtime=runtime["runtime"], runtime_module=runtime["runtime_module"], engine=runtime["engine"],
-                runner=route.runs.arm64.runner, cpu=cpu,
-                emulator=arm64.emulator(environment, cpu, route.runs.name), inputs=recipe.inputs, model=chain.source,
+                runner=route.runs_in.arm64.runner, cpu=cpu,
+                emulator=arm64.emulator(environment, cpu, route.runs_in.name), inputs=recipe.inputs, model=chain.source,
                 precision=chain.precision, outputs=recipe.outputs, fixed_shape=fixed, **common),
                 {"artifact": final, "checkpoint": chain.nodes.get("prune") or chain.nodes["checkpoint"]},
                 f"{chain.out}/arm64-{chain.target.id}-{cpu}.json", files=files, fields=chain.fields,

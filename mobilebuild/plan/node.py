@@ -25,7 +25,7 @@ class Node:
     # Seconds it may run before its worker is stopped (the recipe's `limits`, by its stage's Stage.limit); None: no
     # limit. Not part of the key: it changes no artifact.
     time_limit: float | None = None
-    # The packages of the route whose stage this is (Route.runs.packages) and the library of models it builds the
+    # The packages of the route whose stage this is (Route.runs_in.packages) and the library of models it builds the
     # model with (ModelSource.library), beyond torch and torchvision: the versions that key it (toolchain.versions).
     # Shared nodes (checkpoint, prune, fuse, quantize, manifest) have no route's.
     packages: tuple = ()

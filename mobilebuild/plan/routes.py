@@ -63,6 +63,9 @@ class Runtime:
     package: str | None = None  # the one that names the runtime's version in `mobilebuild check`'s header
     structure: Callable | None = None  # verify's host facts about the artifact -> one line for the report
     notes: Callable | None = None  # verify's host facts about the artifact -> the report's notes on it, [lines]
+    # the Android device and benchmark binary that time a target's artifact there too: (the recipe's
+    # benchmark.device) -> the bench stage's device settings, or None: its artifacts are not timed on a device
+    device_bench: Callable | None = None
     arm64: Arm64 | None = None  # how its artifacts run on emulated ARM CPUs; None: they do not
     # the extra of mobilebuild that installs `packages` (pip install 'mobilebuild[extra]'); None: the core install
     extra: str | None = None
@@ -108,8 +111,6 @@ class Checks:
     outputs: Callable | None = None
     input_dtypes: tuple | None = None  # the input dtypes it takes; None: every dtype
     input_dtypes_why: str | None = None  # ... and why, for the others
-    # the on-device benchmark settings of a target: (recipe benchmark.device settings) -> dict or None
-    device: Callable | None = None
     # why a recipe's artifact takes the example's sizes only, beyond the runtime's and int8's: (recipe) -> str or None
     fixed_shapes: Callable | None = None
     fusion: ActivationFusion | None = None  # the activations it fuses, for `mobilebuild check`'s advice
@@ -138,7 +139,7 @@ class Route:
     stages: tuple  # the stages from the fused model to the shipped artifact, the last one writing it
     suffix: str
     summary: str
-    runs: Runtime
+    runs_in: Runtime  # the runtime its artifacts run in
     int8: Int8 | None = None
     section: Section | None = None
     # The target's precision when the route takes it from its own settings rather than `precision:` (NNAPI's mode).
@@ -157,11 +158,11 @@ class Route:
 
     @property
     def runs_on_host(self):
-        return self.runs.device_only is None
+        return self.runs_in.device_only is None
 
     @property
     def host_reason(self):
-        return DEVICE_ONLY.format(where=self.runs.device_only) if self.runs.device_only else None
+        return DEVICE_ONLY.format(where=self.runs_in.device_only) if self.runs_in.device_only else None
 
     @property
     def settings(self):
@@ -199,7 +200,7 @@ class Route:
         dims = sorted({dim["dim"] for spec in recipe.inputs for dim in spec.get("dynamic", ())})
         if not dims:
             return None
-        why = self.runs.fixed_shapes
+        why = self.runs_in.fixed_shapes
         if why is None and precision == "int8" and self.int8 and mode == "static":
             why = self.int8.fixed_shapes
         if why is None and self.checks.fixed_shapes is not None:
@@ -268,7 +269,7 @@ def distributions():
     """Every package whose version can change an artifact's bytes: torch's, the libraries of models, the routes' in
     registration order."""
     return tuple(dict.fromkeys(("torch", "torchvision", *MODEL_LIBRARIES,
-                                *(d for r in _ROUTES.all() for d in r.runs.packages))))
+                                *(d for r in _ROUTES.all() for d in r.runs_in.packages))))
 
 
 def not_installed(packages, found):
@@ -277,7 +278,7 @@ def not_installed(packages, found):
     missing = [name for name in packages if found.get(name, "") is None]
     if not missing:
         return None
-    family = next((route.runs for route in _ROUTES.all() if set(missing) & set(route.runs.packages)), None)
+    family = next((route.runs_in for route in _ROUTES.all() if set(missing) & set(route.runs_in.packages)), None)
     if family is None or family.extra is None:  # a library of models
         return f"{', '.join(missing)} is not installed here: pip install 'mobilebuild[{MODEL_LIBRARY_EXTRA}]'"
     return (f"{family.family} is not installed here ({', '.join(missing)} missing): pip install "
@@ -286,22 +287,22 @@ def not_installed(packages, found):
 
 def installed_families(found):
     """{a family's report name: None where it is installed, else the line saying what installs it}."""
-    return {route.runs.family: not_installed(route.runs.packages, found) for route in _ROUTES.all()}
+    return {route.runs_in.family: not_installed(route.runs_in.packages, found) for route in _ROUTES.all()}
 
 
 def runtime_packages():
     """The packages that name the registered runtimes' versions (torch first)."""
-    return tuple(dict.fromkeys(("torch", *(r.runs.package for r in _ROUTES.all() if r.runs.package))))
+    return tuple(dict.fromkeys(("torch", *(r.runs_in.package for r in _ROUTES.all() if r.runs_in.package))))
 
 
 def arm64_runtimes():
     """{runtime name: Arm64} of every runtime whose artifacts run on emulated ARM CPUs."""
-    return {route.runs.name: route.runs.arm64 for route in _ROUTES.all() if route.runs.arm64 is not None}
+    return {route.runs_in.name: route.runs_in.arm64 for route in _ROUTES.all() if route.runs_in.arm64 is not None}
 
 
 def families():
     """{a recipe's runtime name: the report's family name}."""
-    return {route.runtime: route.runs.family for route in _ROUTES.all()}
+    return {route.runtime: route.runs_in.family for route in _ROUTES.all()}
 
 
 def layer_methods():

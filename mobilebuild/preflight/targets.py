@@ -108,7 +108,7 @@ class TargetCheck:
         host's runtime cannot load or run (a missing kernel) cannot run. Where the build's verify, up to date, ran
         these very bytes on this host (it passed or missed its thresholds: it loaded and ran), its outcome stands."""
         if not self.route.runs_on_host:
-            self.notes.append(f"not run here: it runs only on {self.route.runs.device_only}")
+            self.notes.append(f"not run here: it runs only on {self.route.runs_in.device_only}")
             return
         if self.artifact.interpreter:
             self.notes.append(f"not run here: the target's toolchain {self.target.toolchain} built it, and its "

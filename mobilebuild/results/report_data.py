@@ -574,7 +574,7 @@ def _structure(row):
     (ExecuTorch), the NNAPI model's size, the ONNX graph's quantized share."""
     route = routes.get(row.backend, row.runtime)
     facts = _dict(_get(row.verification, "artifact"))
-    return route.runs.structure(facts) if route is not None and route.runs.structure is not None else ""
+    return route.runs_in.structure(facts) if route is not None and route.runs_in.structure is not None else ""
 
 
 def _artifact_notes(rows):
@@ -582,8 +582,9 @@ def _artifact_notes(rows):
     program runs outside its delegate), per target."""
     for row in rows:
         route = routes.get(row.backend, row.runtime)
-        if route is not None and route.runs.notes is not None:
-            yield from (f"{line} ({row.label})" for line in route.runs.notes(_dict(_get(row.verification, "artifact"))))
+        if route is not None and route.runs_in.notes is not None:
+            facts = _dict(_get(row.verification, "artifact"))
+            yield from (f"{line} ({row.label})" for line in route.runs_in.notes(facts))
 
 
 def _failures(rows):

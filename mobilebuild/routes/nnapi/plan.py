@@ -74,12 +74,12 @@ register(Route(
     "Android NNAPI (accelerators) through torch.backends._nnapi, traced NHWC, lite interpreter",
     Runtime("nnapi", FAMILY, module="mobilebuild.routes.nnapi.worker.runtime",
             device_only="an Android 8.1+ device with NNAPI",
-            fixed_shapes="the NNAPI converter takes the example's sizes", structure=structure),
+            fixed_shapes="the NNAPI converter takes the example's sizes", structure=structure, device_bench=device),
     # torch.backends._nnapi converts per-tensor quantized weights only (FX graph mode's default is per channel)
     int8=Int8("eager", engine="qnnpack", observers=TORCH_OBSERVERS, weights="per_tensor"),
     section=Section("nnapi", SCHEMA),
     precision_of=precision, default=True,
-    checks=Checks(preflight=preflight, outputs=outputs, device=device, layers=eager_layers,
+    checks=Checks(preflight=preflight, outputs=outputs, layers=eager_layers,
                   fusion=ActivationFusion({"conv": {"relu"}, "linear": set()}, (
                       "the NNAPI converter fuses only ReLU, into quantized convolutions (conv2d_relu); ReLU6 and the "
                       "rest are NNAPI operations of their own")),

@@ -155,8 +155,9 @@ def structure(facts):
 
 STAGES = ("script", "optimize")
 RUNTIME = Runtime("pytorch-mobile", FAMILY, module="mobilebuild.routes.torchscript.worker.runtime", structure=structure,
+                  device_bench=device,
                   arm64=Arm64("mobilebuild.routes.torchscript.worker.guest", ("torch",), setup=torch_libs))
-CHECKS = Checks(preflight=preflight, outputs=outputs, device=device, fixed_shapes=traced)
+CHECKS = Checks(preflight=preflight, outputs=outputs, fixed_shapes=traced)
 
 register(Route("xnnpack", "pytorch-mobile", ("fp32",), STAGES, ".ptl",
                "fp32 CPU through XNNPACK prepacked kernels, TorchScript lite interpreter", RUNTIME, default=True,
