@@ -87,7 +87,7 @@ def test_a_node_is_keyed_on_its_own_routes_packages_only(tmp_path):
         assert not (executorch | onnx | litert) & toolchains[name], name
     for name in ("lower:tiny-et", "verify:tiny-et", "bench:tiny-et"):
         assert executorch <= toolchains[name] and not (onnx | litert) & toolchains[name], name
-    for name in ("export:tiny-onnx", "verify:tiny-onnx"):
+    for name in ("onnx:tiny-onnx", "verify:tiny-onnx"):
         assert onnx <= toolchains[name] and not (executorch | litert) & toolchains[name], name
 
 
@@ -191,7 +191,7 @@ def test_each_route_takes_its_own_chain(tmp_path):
     assert nodes["lower:tiny-et-fp32"].inputs == {"model": "artifacts/tiny/fused.pt"}
     assert nodes["lower:tiny-et-int8"].config["calibration"]["source"] == "random"
     assert nodes["lower:tiny-metal-executorch"].config["delegate"] == "coreml"
-    assert nodes["export:tiny-onnx"].output == "artifacts/tiny/tiny-onnx.onnx"
+    assert nodes["onnx:tiny-onnx"].output == "artifacts/tiny/tiny-onnx.onnx"
     # NNAPI's quantized modes start from the eager quantization of the QNNPACK engine, with per-tensor weights
     assert nodes["nnapi:tiny-nnapi"].inputs == {"model": "artifacts/tiny/fused.pt",
                                                 "quantized": "artifacts/tiny/quantized-nnapi.pt"}
@@ -217,7 +217,7 @@ def test_static_int8_on_executorch_and_onnx_keeps_its_node_keys(tmp_path):
     common = {"calibration": TINY_CALIBRATION, "fuse": "auto", "inputs": TINY_INPUTS, "model": TINY_SOURCE,
               "options": {}, "precision": "int8", "weights": None}
     assert nodes["lower:tiny-et-int8"].config == {**common, "delegate": "xnnpack"}
-    assert nodes["export:tiny-onnx-int8"].config == {**common, "outputs": None}
+    assert nodes["onnx:tiny-onnx-int8"].config == {**common, "outputs": None}
     assert "mode" not in nodes["layers:tiny-et-int8"].config
 
 
@@ -235,9 +235,9 @@ def test_the_onnx_exporter_setting_keys_only_the_target_that_chooses_torchscript
     assert sorted(name for name in plain if plain[name] != written[name]) == ["manifest:tiny"]
     nodes, traced = keys("traced", {"exporter": "torchscript"})
     assert sorted(name for name in plain if plain[name] != traced[name]) == [
-        "export:tiny-onnx-int8", "layers:tiny-onnx-int8", "manifest:tiny"]
-    assert nodes["export:tiny-onnx-int8"].config["options"] == {"exporter": "torchscript"}
-    assert stages.recipe_field("export", "options.exporter", nodes["export:tiny-onnx-int8"].fields) == \
+        "layers:tiny-onnx-int8", "manifest:tiny", "onnx:tiny-onnx-int8"]
+    assert nodes["onnx:tiny-onnx-int8"].config["options"] == {"exporter": "torchscript"}
+    assert stages.recipe_field("onnx", "options.exporter", nodes["onnx:tiny-onnx-int8"].fields) == \
         "targets[1].onnx.exporter"
 
 
@@ -248,7 +248,7 @@ def test_dynamic_int8_on_executorch_and_onnx_reads_no_calibration(tmp_path):
                for target in FINAL_INT8]
     nodes = nodes_for(tmp_path, tiny_recipe(targets=FINAL_INT8 + dynamic,
                                             quantize={"calibration": {"source": "images", "path": "../calib"}}))
-    for index, stage, target in ((2, "lower", "et-int8"), (3, "export", "onnx-int8")):
+    for index, stage, target in ((2, "lower", "et-int8"), (3, "onnx", "onnx-int8")):
         static, own = nodes[f"{stage}:tiny-{target}"], nodes[f"{stage}:tiny-{target}-dyn"]
         assert "calib/a.png" in static.dependencies() and "calib/a.png" not in own.dependencies()
         assert own.config["mode"] == "dynamic" and own.config["calibration"] is None

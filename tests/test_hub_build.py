@@ -35,7 +35,7 @@ def test_a_timm_and_a_transformers_model_build_and_verify_for_xnnpack_and_onnx(p
     project.write_recipe(TIMM)
     project.write_recipe(TEXT)
     ran = project.doit()
-    assert {"optimize:lc-xnnpack", "export:lc-onnx", "optimize:bert-xnnpack", "export:bert-onnx"} <= set(ran)
+    assert {"optimize:lc-xnnpack", "onnx:lc-onnx", "optimize:bert-xnnpack", "onnx:bert-onnx"} <= set(ran)
     for name, output in (("lc", "output"), ("bert", "logits")):
         manifest = json.loads(project.artifact(f"{name}/manifest.json").read_text())
         for target in manifest["targets"]:

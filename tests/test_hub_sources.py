@@ -318,7 +318,7 @@ def test_a_save_pretrained_folder_is_the_source_and_its_files_are_inputs(tmp_pat
     assert loaded.model["pretrained"] == "models/tiny" and loaded.inputs[0]["range"] == [0, 100]  # config.json's
     nodes = graph.recipe_nodes(loaded, tmp_path)
     files = {"models/tiny/config.json", "models/tiny/model.safetensors"}
-    assert all(files <= set(node.files) for node in nodes if node.stage in ("checkpoint", "fuse", "export"))
+    assert all(files <= set(node.files) for node in nodes if node.stage in ("checkpoint", "fuse", "onnx"))
     model = built(loaded)
     assert all(torch.equal(value, saved.state_dict()[key]) for key, value in model.state_dict().items())
     checkpoint.run({}, SimpleNamespace(model=model_source(loaded.model, loaded.inputs), seed=0, batchnorm_stats=0,

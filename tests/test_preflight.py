@@ -278,7 +278,7 @@ def test_an_artifact_this_host_cannot_load_cannot_run(root, tmp_path):
     """The host run is verify's loading: here ONNX Runtime refusing a file that is not a model."""
     loaded = recipe.load(write_recipe(root, "garbage", "clean", [{"backend": "onnx"}]), root)
     nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, root)}
-    artifact = nodes["export:garbage-onnx"]
+    artifact = nodes["onnx:garbage-onnx"]
     check = TargetCheck(loaded.targets[0], routes.route_for(loaded.targets[0], loaded.file),
                         type("Model", (), {"inputs": loaded.inputs})(), artifact, nodes)
     (root / artifact.output).parent.mkdir(parents=True, exist_ok=True)
@@ -432,7 +432,7 @@ def test_a_check_after_a_build_rebuilds_nothing_and_a_build_after_a_check_reuses
         "onnx (onnx, onnxruntime, fp32): built"]
     _, _, executed = build(project.root, "first")
     assert not [name for name in executed if name.split(":")[0] in ("checkpoint", "fuse", "quantize", "script",
-                                                                     "optimize", "export")], executed
+                                                                     "optimize", "onnx")], executed
 
     status, errors, _ = build(project.root, "second")
     assert status == 0, errors
@@ -478,7 +478,7 @@ def test_what_the_nnapi_converter_and_the_onnx_exporter_refuse_blocks(root):
 
     report = preflight.run(write_recipe(root, "branchy", "branchy", [{"backend": "onnx"}]), root)
     (fails,) = of_kind(by_target(report, "onnx"), "build-fails")
-    assert fails["where"] == "export:branchy-onnx" and "torch.export cannot capture" in fails["detail"]
+    assert fails["where"] == "onnx:branchy-onnx" and "torch.export cannot capture" in fails["detail"]
     assert report["exit_code"] == 1
 
 

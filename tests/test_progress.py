@@ -18,13 +18,13 @@ def notes(stderr, task):
 
 def test_lowering_export_and_benchmarks_say_what_they_are_doing(project):
     project.write_recipe(tiny_recipe(targets=TARGETS))
-    result = project.run("lower:tiny-et-int8", "export:tiny-onnx-int8", "bench:tiny-et-int8",
+    result = project.run("lower:tiny-et-int8", "onnx:tiny-onnx-int8", "bench:tiny-et-int8",
                          env={"MOBILEBUILD_CACHE": "off"})
     assert result.returncode == 0, result.stderr
     assert notes(result.stderr, "bench:tiny-et-int8")[-1] == "5/5 iterations"
     assert notes(result.stderr, "lower:tiny-et-int8") == [
         "quantizing, calibrated on 16 batches", "torch.export", "lowering to XNNPACK", "writing the ExecuTorch program"]
-    assert notes(result.stderr, "export:tiny-onnx-int8") == [
+    assert notes(result.stderr, "onnx:tiny-onnx-int8") == [
         "torch.onnx.export", "quantizing with ONNX Runtime's quantize_static"]
 
 

@@ -207,16 +207,16 @@ def test_a_failing_target_leaves_its_recipes_other_targets_in_the_manifest_and_r
 
     assert result.returncode != 0 and "Traceback" not in result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
-    assert len(errors) == 1 and errors[0].startswith("ERROR: export:tiny-onnx: recipes/tiny.yaml: targets[1].onnx")
+    assert len(errors) == 1 and errors[0].startswith("ERROR: onnx:tiny-onnx: recipes/tiny.yaml: targets[1].onnx")
     manifest = json.loads(project.artifact("tiny/manifest.json").read_text())
     status = {target["target"]: (target["status"], target.get("reason")) for target in manifest["targets"]}
     assert status["xnnpack"] == ("passed", None) and status["qnnpack"] == ("passed", None)
-    assert status["onnx"][0] == "failed" and status["onnx"][1].startswith("export:tiny-onnx: recipes/tiny.yaml: ")
+    assert status["onnx"][0] == "failed" and status["onnx"][1].startswith("onnx:tiny-onnx: recipes/tiny.yaml: ")
     assert set(manifest["benchmarks"]) == {"eager", "xnnpack", "qnnpack"}
     assert not [a for a in manifest["artifacts"] if a["path"].endswith(".onnx")]
     report = project.artifact("report.md").read_text()
     assert "- tiny: 3 target(s): 2 passed, 1 FAILED" in report and "NOT BUILT" not in report
-    assert "onnx: export:tiny-onnx: recipes/tiny.yaml: targets[1].onnx" in report
+    assert "onnx: onnx:tiny-onnx: recipes/tiny.yaml: targets[1].onnx" in report
 
 
 def test_clean_removes_every_artifact(project):

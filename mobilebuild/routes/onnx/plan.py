@@ -57,7 +57,7 @@ def export(chain):
         del options["exporter"]
     config = ExportConfig(precision=chain.precision, inputs=chain.recipe.inputs, options=options, model=chain.source,
                           fuse=chain.recipe.fuse, outputs=chain.recipe.outputs, **quantization)
-    return chain.shipped("export", config, {"model": chain.nodes["fuse"]}, files=files)
+    return chain.shipped("onnx", config, {"model": chain.nodes["fuse"]}, files=files)
 
 
 def node_layers(chain, common, files):
@@ -87,7 +87,7 @@ def outputs(found):
 
 
 stages.register(stages.Stage(
-    "export", ExportConfig, {"model": ("fuse",)},
+    "onnx", ExportConfig, {"model": ("fuse",)},
     "ONNX models (.onnx), int8 through onnxruntime's static or dynamic quantization.", "#a2c4c9", plan=export,
     module="mobilebuild.routes.onnx.worker.export",
     recipe_fields={"options": "targets.onnx", "mode": "quantize.mode"}))
@@ -106,7 +106,7 @@ stages.register(stages.Stage(
     module="mobilebuild.routes.onnx.worker.lm_onnx",
     recipe_fields=generation.recipe_fields(generation.LMExportConfig)))
 
-register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("export",), ".onnx",
+register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("onnx",), ".onnx",
                "ONNX, run by ONNX Runtime (int8: static QDQ or dynamic quantization with onnxruntime's tools)",
                Runtime("onnxruntime", "ONNX Runtime", module="mobilebuild.routes.onnx.worker.runtime",
                        packages=PACKAGES, package="onnxruntime", structure=structure, extra="onnx",

@@ -1,5 +1,5 @@
 """The recipe's calibration batches (quantize.calibration): random, from an image folder, or from the user's
-function. A helper of the stages that quantize (quantize, lower, export), not a stage: it has no `run`."""
+function. A helper of the stages that quantize (quantize, lower, onnx, litert), not a stage: it has no `run`."""
 
 import itertools
 from pathlib import Path

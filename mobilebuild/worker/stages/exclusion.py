@@ -1,5 +1,5 @@
 """quantize.exclude: the modules an int8 artifact keeps in float. A helper of the stages that quantize (quantize,
-lower, export), not a stage: it has no `run`.
+lower, onnx, litert), not a stage: it has no `run`.
 
 The recipe's entries are resolved here, once, to the paths of the fused model's modules (`resolve`); each route
 then keeps those modules float its own way: eager mode wraps each one between a DeQuantStub and a QuantStub

@@ -1,4 +1,4 @@
-"""export: the fused float model to ONNX (.onnx) for ONNX Runtime, in fp32 or int8.
+"""onnx: the fused float model to ONNX (.onnx) for ONNX Runtime, in fp32 or int8.
 
 As the edge-deployment talk has it, only float models export to ONNX: an int8 artifact is made on the ONNX side, by
 ONNX Runtime's static post-training quantization (QDQ format) calibrated on the recipe's calibration batches, or with
