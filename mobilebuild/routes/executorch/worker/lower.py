@@ -1,40 +1,8 @@
 """lower: the fused eager model as an ExecuTorch program (.pte) for one delegate: XNNPACK (CPU), Vulkan (GPU),
 Core ML or MPS (Apple).
 
-It goes through ExecuTorch's own export recipes (`executorch.export`): torch.export, optional PT2E quantization
-calibrated on the recipe's batches, `to_edge_transform_and_lower` with the delegate's partitioner, then
-serialization. XNNPACK and Core ML take their recipes from ExecuTorch's registry (XNNPackRecipeType.FP32 and
-PT2E_INT8_STATIC_PER_CHANNEL: XNNPACKQuantizer, symmetric, per-channel weights, or PER_TENSOR when the recipe's
-quantize.weights says per_tensor; quantize.mode: dynamic, PT2E_INT8_DYNAMIC_PER_CHANNEL; CoreMLRecipeType.FP16/FP32
-and PT2E_INT8_STATIC); Vulkan and MPS have no recipe provider in ExecuTorch 1.3.1, so their recipe is the partitioner
-alone. Static int8 is calibrated on the recipe's calibration batches (`config.calibration`), which are also the
-export's example inputs; dynamic int8 (`config.mode`) reads no calibration: its Linear and convolution weights are
-int8 per channel, and XNNPACK quantizes their input activations as it runs. quantize.observer and quantize.exclude
-adjust the XNNPACK recipe's own quantizer: the activation observer of its symmetric config (HistogramObserver by
-default; MinMaxObserver, MovingAverageMinMaxObserver), and a filter that leaves the excluded modules' nodes
-unannotated, so they stay float (the recipe's partitioner delegates them to XNNPACK in float: measured, nothing left
-on the portable kernels). The recipe's dynamic dims become torch.export `Dim`s (shared by name between inputs, with
-their min and max), so the program takes any size in range: fp32, and dynamic int8, whose quantization runs here on a
-graph captured with the dims (the recipe's own quantize stage captures without them, which fixes static int8 at the
-example's sizes: plan.routes.ET_INT8_FIXED). Programs are exported for NCHW
-input whatever input.memory_format says (that setting is PyTorch Mobile's advice): the delegates choose their own
-layout inside, while an NHWC export leaves a layout copy outside the delegate (MobileNetV2: aten::as_strided_copy on
-the portable kernels, and two XNNPACK calls instead of one) and Core ML refuses it.
-
-Where PT2E quantization fails on a model that exports (transformers' mask code indexes with a float constant after
-prepare_pt2e: DistilBERT with an attention mask, GPT-2), XNNPACK int8 falls back to torchao's `quantize_` with
-Int8DynamicActivationIntxWeightConfig (dynamic int8, no calibration), exported with the dims the target keeps; the
-program carries a record of it (pte.RECORD_METHOD), which verify and the report show, and the stage says so.
-
-Delegate options (`config.options`, all optional):
-  coreml:  compute_units     "all" (default) | "cpu_and_gpu" | "cpu_and_ne" | "cpu_only"
-           compute_precision "fp16" (default) | "fp32"          (fp32 lowering only)
-  vulkan:  compute_precision "fp32" (default) | "fp16"          (force_fp16: half-precision textures)
-  mps:     compute_precision "fp16" (default) | "fp32"          (the MPS backend is deprecated upstream)
-  xnnpack: none
-
-How much of a program went to delegates is read from the .pte itself (`pte.read(...).delegation`);
-`preflight_delegation(model, specs, delegate)` lowers in memory and says the same before any build.
+How it goes through ExecuTorch's export recipes, quantizes, keeps dynamic dims and lays inputs out, the torchao
+fallback and the delegates' options: docs/executorch.md.
 """
 
 import dataclasses

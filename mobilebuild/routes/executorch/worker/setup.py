@@ -1,20 +1,7 @@
 """Making the installed ExecuTorch usable before anything lowers a model or reads a .pte.
 
-The ExecuTorch 1.3.1 wheel ships `flatc` (the FlatBuffers compiler its serializer runs) at
-`executorch/data/bin/flatc`, but its serializer looks for it beside itself instead, then falls back to
-`$FLATC_EXECUTABLE` or a `flatc` on PATH; with neither, every lowering dies with "No such file or directory:
-'flatc'". Pointing FLATC_EXECUTABLE at the shipped copy fixes it. The shipped copy is preferred to one on PATH:
-it is the FlatBuffers version the serializer was built against, so the bytes of a .pte do not depend on what else
-is installed. A FLATC_EXECUTABLE the user set is left alone.
-
-ExecuTorch's XNNPACK delegate (1.3.1, and upstream's channels_last_tagged_reshape_pass.py as of 2026-11) runs a
-convolution's output in NHWC inside the delegate and passes that layout on through the ops it does not list as
-layout-sensitive, softmax among them; XNNPACK's softmax then normalises over the physical last dim, the channels,
-instead of the width. A 1x1 convolution then softmax(-1) (the talking-heads attention of timm's EfficientFormerV2)
-comes out at 2.5 dB; the trained EfficientFormerV2-S0 of the hub zoo at 32.8 dB on fp32.
-`softmax_in_nchw` lists softmax with the ops that need NCHW, so the pass transposes its input back first.
-
-No torch or executorch import at this module's top: finding the file costs nothing, so any entry point can call
+Why each is needed (ExecuTorch 1.3.1's flatc lookup; its XNNPACK layout pass and softmax, measured on timm's
+EfficientFormerV2): docs/toolchain.md. No torch or executorch import at this module's top: any entry point can call
 `ensure_flatc` early.
 """
 

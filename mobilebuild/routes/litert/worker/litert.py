@@ -1,27 +1,8 @@
 """litert: the fused eager model converted to a LiteRT model (.tflite) by litert-torch, in the process of a stage
 worker (it imports jax and LiteRT's converter: never the build's process).
 
-Precisions and what makes them (all through `litert_torch.convert`, which runs torch.export, lowers to MLIR through
-JAX and writes the flatbuffer):
-- fp32: the model as it is;
-- `litert: {weights: fp16}` on a float target: float16 weights dequantized as the model loads (ai-edge-quantizer's
-  FLOAT_CASTING weight-only recipe), the form LiteRT's GPU delegate computes in; half the size;
-- int8 static: PT2E (litert-torch's PT2EQuantizer, symmetric, weights per channel unless quantize.weights says
-  per_tensor; its HistogramObserver for activations, or quantize.observer's), calibrated on the recipe's batches,
-  converted fully integer. The converter gives such a model int8 input and output tensors; by default `float_io`
-  puts a QUANTIZE before each and a DEQUANTIZE after each, so an app feeds and reads floats, as with the other
-  routes; `litert: {io: int8}` keeps them int8 (the app quantizes with the tensors' scale and zero point);
-- int8 dynamic (quantize.mode: dynamic): ai-edge-quantizer's dynamic-range recipe on the float model, int8 weights and
-  activations quantized by LiteRT's kernels as they run, no calibration (see `dynamic_range` for why not PT2E's).
-quantize.exclude keeps the named modules float in static int8 (the quantizer leaves their nodes unannotated); the
-dynamic-range recipe picks operators by tensor-name patterns, and the plan refuses exclude for it.
-
-The converter takes the example's sizes only: its JAX lowering fails on a symbolic size (measured: a Linear on a
-3-D input, an Embedding: "reshape new_sizes must all be positive"), so the route declares fixed shapes
-(routes/litert/plan.py) and the conversion gets none.
-
-The converter names each tensor after the module path it came from (`pkg.Class_attr/...;n`), records no file path
-and no time: the same model gives the same bytes in any checkout (tests/test_litert.py checks two).
+How each precision is made (fp32, fp16 weights, int8 static through PT2E, dynamic-range), why the converter takes
+the example's sizes only, and why its bytes are reproducible: docs/litert.md.
 """
 
 import dataclasses

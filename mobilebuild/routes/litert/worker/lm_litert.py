@@ -1,28 +1,7 @@
 """lm_litert: a causal LM as a LiteRT model (.tflite) through litert-torch's generative path, in a stage worker.
 
-The transformers model's weights go into litert-torch's own re-authored decoder (`generative.utilities.
-model_builder.DecoderOnlyModel`, the one its Llama, TinyLlama and SmolLM examples build), loaded under transformers'
-tensor names, and its generative converter (`generative.utilities.converter.convert_to_tflite`) writes one .tflite
-with a `prefill_<n>` signature per prompt length (its prefills take fixed lengths; each returns the logits of every
-position, `output_logits_on_prefill`) and a `decode` signature, the static KV cache of max_context as each
-signature's inputs and outputs (`kv_cache_k_<i>`, `kv_cache_v_<i>`, [1, max_context, kv heads, head size]).
-Precisions are its own recipes: fp32 `none`; int8 `dynamic_int8` (int8 weights per channel, activations quantized
-as the kernels run); int4 `dynamic_int4_block32` / `_block128` (generate.group_size).
-
-Layers kept float (quantize.exclude): litert-torch's converter converts the float model, then quantizes it with
-ai-edge-quantizer by the recipe it translates from its own (`quantize.translate_recipe`). The build runs those two
-steps itself (with nothing excluded, the bytes are the converter's own), the recipe told to leave the excluded parts
-of the decoder alone (ai-edge-quantizer's NO_QUANTIZE, for the ops whose tensor names show them; its later rules
-win). The parts are what the converter names: each block's attention and feed-forward, the embedding and the
-logits' projection. litert-torch's own per-layer recipe (GenerativeQuantRecipe's attention/feedforward by block
-index) cannot keep a part float (its layer recipes are int8, int4 or fp16 only), and in litert-torch 0.10.0 its
-per-block patterns (`transformer_blocks[<i>]/...`) match none of the names its converter writes
-(`...TransformerBlock_<i>/...`).
-
-Why not litert-torch's exporter for transformers models (`generative.export_hf`), the path for any architecture:
-in litert-torch 0.10.0 it imports TensorFlow at import time (export_hf/model_ext/bonsai_flux2), which litert-torch
-does not declare and this toolchain does not install. The re-authored decoder is mapped here for transformers'
-Llama and Qwen2 (their biases included; default rotary embedding, SiLU, no sliding window).
+How the transformers weights reach litert-torch's re-authored decoder, its signatures and precisions, how layers
+are kept float, and why not litert-torch's export_hf: docs/llm.md (LiteRT).
 """
 
 import contextlib

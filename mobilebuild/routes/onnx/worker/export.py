@@ -1,50 +1,7 @@
 """onnx: the fused float model to ONNX (.onnx) for ONNX Runtime, in fp32 or int8.
 
-As the edge-deployment talk has it, only float models export to ONNX: an int8 artifact is made on the ONNX side, by
-ONNX Runtime's static post-training quantization (QDQ format) calibrated on the recipe's calibration batches, or with
-quantize.mode: dynamic by its dynamic quantization (`quantize_dynamic`, which ONNX Runtime recommends for
-Transformers and RNNs): weights int8 ahead of time, activations quantized as the model runs (DynamicQuantizeLinear,
-MatMulInteger, ConvInteger), no calibration. QuantStub/DeQuantStub are identities in a float model and export as
-nothing.
-
-Exporter: torch.onnx.export(dynamo=True), the torch.export-based one (torch's default since 2.9). It refuses
-forward code whose control flow depends on tensor values, where the TorchScript-based exporter (dynamo=False,
-deprecated) silently records the one branch the example input took; it captures the graph the way ExecuTorch does;
-and its onnxscript optimizer folds constants. Its output is deterministic once the free-form text it attaches to
-nodes is removed: source stack traces with absolute file paths and FX node dumps (see `reproducible`).
-
-torch.export unrolls nn.LSTM (and GRU, RNN) over its steps, so a dynamic dim that runs through one is pinned at the
-example's size, and refused (check_dims_kept). ONNX Runtime runs an ONNX LSTM of any length: the recipe setting
-`onnx: {exporter: torchscript}` exports with the TorchScript-based exporter instead (export_torchscript), which keeps
-each nn.LSTM one ONNX LSTM node. It traces: control flow on tensor values takes the example input's branch, silently
-(torch's TracerWarnings; the build names the lines of the model's code they come from, in one line), and verify's
-runs at each dim's smallest, example and largest size are what catch a wrong trace. Its deprecation warnings and the
-warnings it gives from inside torch (nn.LSTM's own code) stay out of the build's output.
-
-Inputs take the recipe's names (a lone `input:` is "input"), and its dynamic dims become dynamic axes (torch.export
-Dims, or the TorchScript exporter's dynamic_axes, named after the recipe's dims); outputs take the recipe's
-`outputs` names, else "output" for a lone tensor and the path of each tensor in the returned structure ("out", "1",
-"heads.0") otherwise (both exporters flatten the returned structure in the same order).
-
-Options (config.options): "opset": the ai.onnx opset to target, None for the exporter's default (20 with torch
-2.12). dynamo: opsets below 18 are refused: this exporter writes 18 and up, and silently keeps 18 when conversion
-down fails. torchscript: opsets above 20 are refused (it writes them with a warning that it does not support them).
-"exporter": "dynamo" (absent: the plan leaves the default out of the key) or "torchscript".
-
-int8: activations uint8, weights int8 (the pairing ONNX Runtime's CPU kernels are fastest with on x86, and fine on
-ARM), MinMax calibration unless quantize.observer names another of ONNX Runtime's calibration methods (percentile,
-a histogram one, is given batches of different sizes one at a time: see histogram_feeds), weights per
-channel unless the recipe says per_tensor. quantize.exclude keeps the nodes the exporter made for the excluded
-modules float (quantize_static's nodes_to_exclude), found by the module paths it records on each node. ONNX
-Runtime's pre-processing runs with shape inference only: its graph optimization step saved nothing on the models
-tried (the fuse stage and the exporter already fold batch norm) and declared eight ONNX Runtime-internal opset
-domains in the model. Where calibration finds a tensor whose range is not finite (the 0 / -inf additive mask that
-nn.MultiheadAttention makes of a padding mask, and the masked scores), the nodes that make or take it stay float and
-the build says which in one line: quantized, its scale would be inf and its values NaN (the zoo's text Transformer,
-static, verified at 3-7 dB; with the mask float, 16-30 dB). Dynamic int8 quantizes the operators `quantize_dynamic`
-takes by default (MatMul and Gemm with a constant weight, Conv, Gather of a constant table such as an embedding,
-Attention, LSTM...), weights int8 per channel unless the recipe says per_tensor; quantize.exclude keeps nodes float
-as in static mode (nodes_to_exclude). Dynamic axes stay dynamic.
+How it exports (the exporters, dynamic dims, names, opsets) and quantizes (static QDQ, dynamic), and why:
+docs/onnx.md.
 """
 
 import ast
