@@ -267,9 +267,9 @@ def test_onnx_int8_fails_with_the_block_quantized_and_passes_with_it_float(onnx_
 def test_onnx_node_names_come_from_the_module_paths_the_exporter_records(outlier):
     model, _, _ = outlier()
     proto = export.export_float(model, INPUTS)
-    assert exclusion.onnx_nodes(proto, ["broken"]) == [node.name for node in proto.graph.node
+    assert export.excluded_nodes(proto, ["broken"]) == [node.name for node in proto.graph.node
                                                        if node.op_type == "Conv"][1:3]
-    assert [node.op_type for node in proto.graph.node if node.name in exclusion.onnx_nodes(proto, ["act"])] == \
+    assert [node.op_type for node in proto.graph.node if node.name in export.excluded_nodes(proto, ["act"])] == \
         ["HardSwish"]
 
 

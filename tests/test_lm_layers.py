@@ -95,15 +95,15 @@ def qwen2():
 
 def test_exclude_entries_resolve_to_the_linear_layers_they_hold(qwen2):
     from mobilebuild.errors import MobileBuildError
-    from mobilebuild.worker import lm
+    from mobilebuild.routes.executorch.worker import torchao_linears
 
-    assert lm.kept_float(qwen2, ["model.layers.1.mlp", "lm_head"], "8da4w") == (
+    assert torchao_linears.kept_float(qwen2, ["model.layers.1.mlp", "lm_head"], "8da4w") == (
         "lm_head", "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj")
     with pytest.raises(MobileBuildError, match="model.norm holds no linear layer, and 8da4w quantizes linear "
                                                "layers only"):
-        lm.kept_float(qwen2, ["model.norm"], "8da4w")
+        torchao_linears.kept_float(qwen2, ["model.norm"], "8da4w")
     with pytest.raises(MobileBuildError, match="no module named 'model.layers.7'"):
-        lm.kept_float(qwen2, ["model.layers.7"], "8da4w")
+        torchao_linears.kept_float(qwen2, ["model.layers.7"], "8da4w")
 
 
 def test_litert_keeps_whole_parts_of_its_decoder_float_and_refuses_the_rest_in_one_line(qwen2):
@@ -125,11 +125,12 @@ def test_litert_keeps_whole_parts_of_its_decoder_float_and_refuses_the_rest_in_o
 
 def test_torchao_keeps_the_excluded_linears_float_and_the_ranking_puts_them_back(qwen2):
     from mobilebuild.routes.executorch.worker import lm_layers as lm_torchao
-    from mobilebuild.worker import lm
+    from mobilebuild.routes.executorch.worker import torchao_linears
 
     model = copy.deepcopy(qwen2)
-    lm.quantize_linears(model, "8da4w", 32, keep_float=("lm_head", "model.layers.0.self_attn.q_proj"))
-    plain = {name for name in lm.linear_layers(model) if type(model.get_submodule(name).weight) is torch.nn.Parameter}
+    torchao_linears.quantize_linears(model, "8da4w", 32, keep_float=("lm_head", "model.layers.0.self_attn.q_proj"))
+    plain = {name for name in torchao_linears.linear_layers(model)
+             if type(model.get_submodule(name).weight) is torch.nn.Parameter}
     assert plain == {"lm_head", "model.layers.0.self_attn.q_proj"}  # the others hold torchao's quantized weights
 
     config = SimpleNamespace(precision="8da4w", group_size=32, exclude=["lm_head"])
@@ -200,6 +201,7 @@ def test_tune_of_a_language_model_plans_its_candidates_with_their_ranking(lm_pro
                                                ("mobilebuild.routes.onnx.worker.lm_layers", "int4")])
 def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer(qwen2, tmp_path, monkeypatch,
                                                                                 method, precision):
+    from mobilebuild.routes.executorch.worker import torchao_linears
     from mobilebuild.worker import lm
     from mobilebuild.worker.stages import lm_layers
 
@@ -212,7 +214,7 @@ def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer
     assert "error" not in found, found
     ranked = [row["sqnr_db"] for row in found["layers"]]
     assert len(ranked) == 5 and ranked == sorted(ranked) and found["samples"] == 4
-    assert {row["name"] for row in found["layers"]} <= set(lm.linear_layers(qwen2)) - {"lm_head"}
+    assert {row["name"] for row in found["layers"]} <= set(torchao_linears.linear_layers(qwen2)) - {"lm_head"}
     # every layer quantized costs more than the worst one alone
     assert found["all_quantized_sqnr_db"] < ranked[0] < 60
 

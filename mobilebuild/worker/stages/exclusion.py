@@ -4,7 +4,7 @@ lower, onnx, litert), not a stage: it has no `run`.
 The recipe's entries are resolved here, once, to the paths of the fused model's modules (`resolve`); each route
 then keeps those modules float its own way: eager mode wraps each one between a DeQuantStub and a QuantStub
 (`islands`), FX graph mode and PT2E get a module-name setting of None, ONNX Runtime the names of the nodes the
-exporter made for them (`onnx_nodes`).
+exporter made for them (the ONNX family's `export.excluded_nodes`).
 
 Grammar (recipe.schema.json): an entry that is a module path of the model (`features.3`, `broken.0`) names that
 module and all it holds; any other entry whose last dotted part starts with an upper-case letter names a class,
@@ -13,7 +13,6 @@ exactly that class). A module fused into another (the Conv2d inside a ConvReLU2d
 so does a module folded into another (a batch norm into the convolution before it).
 """
 
-import ast
 import difflib
 import importlib
 
@@ -27,7 +26,6 @@ from mobilebuild.worker import capture_root
 from mobilebuild.worker.stages import fuse
 
 FIELD = "quantize.exclude"
-ONNX_SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx's (dynamo) node metadata: the module paths around a node
 
 
 def is_class(entry):
@@ -152,24 +150,3 @@ def _ending(whole, paths, example):
     calls = list(zip(order, order[1:] + [None]))
     return {path for path in paths if any(key == path for key, _ in calls)
             and all(following == "dequant" for key, following in calls if key == path)}
-
-
-# --- ONNX ------------------------------------------------------------------------------------------------------
-
-def onnx_nodes(proto, paths):
-    """The names of the nodes torch.onnx.export made for the modules at `paths` (or inside them), from the module
-    paths it records on each node."""
-    if not paths:
-        return []
-    found = []
-    for node in proto.graph.node:
-        scopes = next((entry.value for entry in node.metadata_props if entry.key == ONNX_SCOPES), None)
-        if scopes is None:
-            continue
-        try:
-            inside = set(ast.literal_eval(scopes)[:-1])  # the last is the node's own name, not a module's
-        except (ValueError, SyntaxError, TypeError):
-            continue
-        if inside.intersection(paths):
-            found.append(node.name)
-    return found

@@ -17,7 +17,8 @@ import os
 
 import torch
 
-from mobilebuild.worker import lm, quiet
+from mobilebuild.routes.executorch.worker import torchao_linears
+from mobilebuild.worker import quiet
 
 PRECISIONS = {"fp32": None, "8da4w": "8da4w"}  # ours -> export_llm's qmode
 METADATA_METHOD = "get_max_seq_len"  # a method export_llm's programs have, for the LLM runner
@@ -103,9 +104,9 @@ def program_bytes(model, precision, max_context, group_size, scratch, keep_float
 
 def _export_keeping_float(library, llm, precision, group_size, keep_float, output):
     """export_llama's path for XNNPACK (_export_llama: no PT2E quantizers) with the float model quantized by
-    lm.quantize_linears, the linear layers at `keep_float` (Meta's names) left out."""
+    torchao_linears.quantize_linears, the linear layers at `keep_float` (Meta's names) left out."""
     manager = library._prepare_for_llama_export(llm)
-    lm.quantize_linears(manager.model, precision, group_size, keep_float)
+    torchao_linears.quantize_linears(manager.model, precision, group_size, keep_float)
     exported = manager.export()
     exported.run_canonical_optimizations()
     library._to_edge_and_lower_llama_xnnpack(exported, exported.modelname, [], None, [], None,

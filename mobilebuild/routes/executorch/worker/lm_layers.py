@@ -1,11 +1,11 @@
 """lm_torchao: an ExecuTorch language model target's linear layers quantized one at a time by ExecuTorch's own
-torchao transform (lm.quantize_linears: 8da4w, 8da8w), run eagerly (worker/stages/lm_layers.py's hook). torchao's
-eager kernels compute what XNNPACK's do from the same int8 and int4 values; the rounding of their arithmetic may
-differ slightly."""
+torchao transform (torchao_linears.quantize_linears: 8da4w, 8da8w), run eagerly (worker/stages/lm_layers.py's
+hook). torchao's eager kernels compute what XNNPACK's do from the same int8 and int4 values; the rounding of their
+arithmetic may differ slightly."""
 
 import copy
 
-from mobilebuild.worker import lm
+from mobilebuild.routes.executorch.worker import torchao_linears
 
 DETAIL = ("each linear layer alone quantized by ExecuTorch's torchao transform (as lm_lower quantizes), the eager "
           "model's logits at every position of the prefill against the float model's")
@@ -14,13 +14,13 @@ DETAIL = ("each linear layer alone quantized by ExecuTorch's torchao transform (
 class Quantizer:
     def __init__(self, model, config, scratch):
         self.model, self.config = model, config
-        self.linears = lm.linear_layers(model)
-        kept = lm.kept_float(model, config.exclude, config.precision)
+        self.linears = torchao_linears.linear_layers(model)
+        kept = torchao_linears.kept_float(model, config.exclude, config.precision)
         self.layers = [(name, "Linear") for name in self.linears if name not in kept]
 
     def logits(self, batches, quantized):
         saved = {name: copy.deepcopy(self.model.get_submodule(name)) for name in quantized}
-        lm.quantize_linears(self.model, self.config.precision, self.config.group_size,
+        torchao_linears.quantize_linears(self.model, self.config.precision, self.config.group_size,
                             keep_float=set(self.linears) - set(quantized))
         try:
             return [self.model(input_ids=batch, use_cache=False).logits.float() for batch in batches]

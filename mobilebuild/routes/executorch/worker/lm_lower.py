@@ -12,7 +12,7 @@ import tempfile
 
 import torch
 
-from mobilebuild.routes.executorch.worker import export_llm
+from mobilebuild.routes.executorch.worker import export_llm, torchao_linears
 from mobilebuild.routes.executorch.worker import runtime as et_runtime
 from mobilebuild.routes.executorch.worker.setup import ensure_flatc, softmax_in_nchw
 from mobilebuild.worker import lm, quiet
@@ -22,7 +22,7 @@ def program_bytes(model, config, keep_float=()):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    lm.quantize_linears(model, config.precision, config.group_size, keep_float)
+    torchao_linears.quantize_linears(model, config.precision, config.group_size, keep_float)
     module = lm.static_cache_module(model, config.max_context)
     sequence = lm.sequence_dim(config.max_context)
     example = {"input_ids": torch.zeros(1, 2, dtype=torch.long), "cache_position": torch.arange(2)}
@@ -38,7 +38,7 @@ def run(inputs, config, output):
     ensure_flatc()
     softmax_in_nchw()
     model = lm.causal_lm(config.model, inputs["checkpoint"])
-    keep_float = lm.kept_float(model, config.exclude, config.precision)
+    keep_float = torchao_linears.kept_float(model, config.exclude, config.precision)
     if export_llm.fits(model, config.precision):
         with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
             data = export_llm.program_bytes(model, config.precision, config.max_context, config.group_size, scratch,

@@ -22,6 +22,8 @@ from mobilebuild.worker import capture_root, outputs, progress, torch_export
 from mobilebuild.worker.quiet import dropped_logs, native_stdout_dropped, quiet
 from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
 
+ONNX_SCOPES = "pkg.torch.onnx.name_scopes"  # torch.onnx's (dynamo) node metadata: the module paths around a node
+
 MIN_OPSET = 18  # the exporter's own floor (torch.onnx's TORCHLIB_OPSET)
 TORCHSCRIPT_OPSETS = (7, 20)  # the TorchScript exporter's (torch.onnx._constants), read from torch where it has them
 TORCH = Path(torch.__file__).resolve().parent
@@ -146,7 +148,7 @@ def export_torchscript(model, examples, specs, opset, produced, notes=True):
 
 def record_scopes(proto, model):
     """Give each node the module paths around it, and their classes, as the dynamo exporter's metadata has them
-    (exclusion.ONNX_SCOPES, CLASSES), so that quantize.exclude, the kept-float line and the per-layer comparison
+    (ONNX_SCOPES, CLASSES), so that quantize.exclude, the kept-float line and the per-layer comparison
     find a node's module as they do there; `reproducible` removes them from the shipped file.
 
     The TorchScript exporter names a node after its scopes: "/layer2/layer2.0/downsample/downsample.0/Conv", a
@@ -167,7 +169,7 @@ def record_scopes(proto, model):
             paths.append(candidate)
             full, previous = candidate, segment
         del node.metadata_props[:]
-        node.metadata_props.add(key=exclusion.ONNX_SCOPES, value=repr(["", *paths, node.name]))
+        node.metadata_props.add(key=ONNX_SCOPES, value=repr(["", *paths, node.name]))
         node.metadata_props.add(key=CLASSES, value=repr([_class_name(model), *(_class_name(modules[path])
                                                                                for path in paths), node.op_type]))
     return proto
@@ -375,7 +377,7 @@ def quantize_int8(proto, settings, specs, weights=None, exclude=(), observer=Non
         raise MobileBuildError("int8 ONNX export needs calibration batches", field="quantize.calibration")
     field = calibration.field(settings)
     reader = _CalibrationReader(calibration.batches(settings, specs), specs, field)
-    excluded = exclusion.onnx_nodes(proto, exclude) if exclude else []
+    excluded = excluded_nodes(proto, exclude) if exclude else []
     arguments = {"quant_format": QuantFormat.QDQ, "per_channel": weights != "per_tensor",
                  "activation_type": QuantType.QUInt8, "weight_type": QuantType.QInt8,
                  **calibration_options(observer)}
@@ -447,7 +449,7 @@ def kept_float_line(nodes, tensors):
     module the exporter recorded for them."""
     by_module = {}
     for node in nodes:
-        scopes = next((entry.value for entry in node.metadata_props if entry.key == exclusion.ONNX_SCOPES), None)
+        scopes = next((entry.value for entry in node.metadata_props if entry.key == ONNX_SCOPES), None)
         try:
             path = [scope for scope in ast.literal_eval(scopes)[:-1] if scope][-1] if scopes else None
         except (ValueError, SyntaxError, TypeError, IndexError):
@@ -467,7 +469,7 @@ def quantize_dynamic_int8(proto, weights=None, exclude=()):
     is (shape inference only)."""
     from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
 
-    names = exclusion.onnx_nodes(proto, exclude)
+    names = excluded_nodes(proto, exclude)
     # quantize_dynamic first rewrites each Gemm as a MatMul named "<its name>_MatMul" (and an Add), then matches
     # nodes_to_exclude against the new names: an excluded Gemm (a Linear on 2-D input) was quantized all the same
     gemms = {node.name for node in proto.graph.node if node.op_type == "Gemm"}
@@ -508,7 +510,7 @@ def run(inputs, config, output):
     exporter = options.get("exporter")
     progress.note("torch.onnx.export" + (" (TorchScript exporter)" if exporter == "torchscript" else ""))
     proto = export_float(model, config.inputs, options.get("opset"), config.outputs, exporter)
-    excluded = exclusion.onnx_nodes(proto, exclude) if exclude else []
+    excluded = excluded_nodes(proto, exclude) if exclude else []
     if config.precision == "int8" and config.mode == "dynamic":
         progress.note("quantizing with ONNX Runtime's quantize_dynamic")
         proto = quantize_dynamic_int8(proto, config.weights, exclude)
@@ -521,3 +523,22 @@ def run(inputs, config, output):
     data = reproducible(proto).SerializeToString()
     with open(output, "wb") as handle:
         handle.write(data)
+
+
+def excluded_nodes(proto, paths):
+    """The names of the nodes torch.onnx.export made for the modules at `paths` (or inside them), from the module
+    paths it records on each node."""
+    if not paths:
+        return []
+    found = []
+    for node in proto.graph.node:
+        scopes = next((entry.value for entry in node.metadata_props if entry.key == ONNX_SCOPES), None)
+        if scopes is None:
+            continue
+        try:
+            inside = set(ast.literal_eval(scopes)[:-1])  # the last is the node's own name, not a module's
+        except (ValueError, SyntaxError, TypeError):
+            continue
+        if inside.intersection(paths):
+            found.append(node.name)
+    return found

@@ -54,7 +54,7 @@ def export_float(model, max_context, path):
 
 def module_nodes(path, paths):
     """The names of the nodes the exporter made for the model's modules at `paths` (exclusion.resolve's)."""
-    return exclusion.onnx_nodes(onnx.load(path, load_external_data=False), [f"{SCOPE}.{name}" for name in paths])
+    return export.excluded_nodes(onnx.load(path, load_external_data=False), [f"{SCOPE}.{name}" for name in paths])
 
 
 def kept_float(model, path, entries):
