@@ -15,7 +15,7 @@ from test_generation import LM, _plan_problems, keys, random_lm
 from test_recipe import write
 
 import mobilebuild.routes  # noqa: F401  (the route families register their stages)
-from mobilebuild.plan import graph, recipe
+from mobilebuild.plan import graph, recipe, routes
 from mobilebuild.tune import command
 
 QWEN2 = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
@@ -212,6 +212,7 @@ def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer
     lm_layers.run({"checkpoint": None}, config, tmp_path / "layers.json")
     found = json.loads((tmp_path / "layers.json").read_text())
     assert "error" not in found, found
+    assert found["method"] in routes.layer_methods()  # the name the report describes it by
     ranked = [row["sqnr_db"] for row in found["layers"]]
     assert len(ranked) == 5 and ranked == sorted(ranked) and found["samples"] == 4
     assert {row["name"] for row in found["layers"]} <= set(torchao_linears.linear_layers(qwen2)) - {"lm_head"}

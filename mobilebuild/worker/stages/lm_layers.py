@@ -4,9 +4,10 @@ compared with the float model's: a layer is charged with the error it adds by it
 result lists the N layers with the lowest SQNR, worst first (the layers stage's format: the report's table of
 worst layers, `mobilebuild tune`'s ranking), and the SQNR with every layer quantized.
 
-Each route quantizes with its own tools, in a worker-side module named by `config.method` (Generation.layers):
-mobilebuild.routes.executorch.worker.lm_layers (ExecuTorch: ExecuTorch's torchao transform, run eagerly) and .lm_onnx
-(ONNX Runtime's quantizers on the exported step). Its one class is the hook a new route implements:
+Each route quantizes with its own tools, in its family's worker/lm_layers.py, named by `config.method`
+(Generation.layers): ExecuTorch's torchao transform run eagerly, ONNX Runtime's quantizers on the exported step,
+ai-edge-quantizer on LiteRT's decoder. The module's METHOD names it in results and the report, DETAIL says how it
+compares, and its one class is the hook a new route implements:
 
     Quantizer(model, config, scratch)
       layers               [(module path, class name)]: what it ranks (quantize.exclude's layers left out)
@@ -44,7 +45,7 @@ def run(inputs, config, output):
                     errors.add(name, op, expected, found)
             whole = quantizer.logits(batches, tuple(name for name, _ in quantizer.layers))
         ranked, uncompared = errors.results()
-        result.update(layers=ranked[:config.top], compared=len(errors.found), method=config.method.rsplit(".")[-1],
+        result.update(layers=ranked[:config.top], compared=len(errors.found), method=module.METHOD,
                       method_detail=module.DETAIL, data="held-out text" if config.text else "random token ids",
                       samples=sum(len(batch) for batch in batches),
                       all_quantized_sqnr_db=lm_verify.sqnr_db(_flat(reference), _flat(whole)))

@@ -7,6 +7,7 @@ import copy
 
 from mobilebuild.routes.executorch.worker import torchao_linears
 
+METHOD = "lm_torchao"  # its name in results and the report (Checks.layer_methods)
 DETAIL = ("each linear layer alone quantized by ExecuTorch's torchao transform (as lm_lower quantizes), the eager "
           "model's logits at every position of the prefill against the float model's")
 

@@ -6,6 +6,7 @@ import torch
 
 from mobilebuild.routes.litert.worker import lm_litert, runtime
 
+METHOD = "lm_litert"  # its name in results and the report (Checks.layer_methods)
 DETAIL = ("each part of litert-torch's decoder alone quantized by ai-edge-quantizer with litert-torch's recipe (as "
           "lm_litert quantizes, every other part left float), the logits at every position of the prefill against "
           "the float .tflite's")

@@ -10,6 +10,7 @@ import torch
 from mobilebuild.routes.onnx.worker import lm_onnx
 from mobilebuild.routes.onnx.worker import runtime as ort_runtime
 
+METHOD = "lm_onnx"  # its name in results and the report (Checks.layer_methods)
 DETAIL = ("each layer's nodes alone quantized by onnxruntime (as lm_onnx quantizes, every other node excluded), the "
           "logits at every position of the prefill against the float ONNX model's")
 KINDS = (torch.nn.Linear, torch.nn.Embedding)
