@@ -25,6 +25,11 @@ def test_a_family_missing_a_package_is_named_with_its_extra():
     assert routes.not_installed(("timm",), {"timm": None}) == ("timm is not installed here: pip install "
                                                                "'mobilebuild[hub]'")
     assert routes.installed_families(found)["LiteRT"] == line
+    # torchao is ExecuTorch's too: the line names the node's own family, whichever it shares packages with
+    bare = {name: None for name in routes.distributions()}
+    executorch = routes.get("xnnpack", "executorch").runs_in
+    assert routes.not_installed(litert.packages, bare).startswith("LiteRT is not installed here (litert-torch, ")
+    assert routes.not_installed((*executorch.packages, "timm"), bare).startswith("ExecuTorch is not installed here")
     assert routes.installed_families(found)["ONNX Runtime"] is None
 
 
