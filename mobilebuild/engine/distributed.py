@@ -34,8 +34,8 @@ def cluster(at):
     try:
         from distributed import Client, LocalCluster
     except ModuleNotFoundError:
-        raise MobileBuildError("--dask needs Dask, which is not installed here: pip install 'mobilebuild[dask]'",
-                               field="--dask") from None
+        raise MobileBuildError("--dask needs Dask, which is not installed here: pip install 'mobilebuild[dask]'") \
+            from None
 
     local = None
     if at == "local":
