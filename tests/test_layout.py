@@ -273,7 +273,7 @@ def test_every_registered_stage_and_runtime_names_a_module_that_exists():
 
     named = {stage.module_path for stage in stages.all_stages()}
     for route in routes.all_routes():
-        named |= {route.runs_in.module_path, *((route.runs_in.arm64.runner,) if route.runs_in.arm64 else ()),
+        named |= {route.runs_in.module, *((route.runs_in.arm64.runner,) if route.runs_in.arm64 else ()),
                   *((route.generation.layers,) if route.generation and route.generation.layers else ())}
     assert named - set(MODULES) == set()
 

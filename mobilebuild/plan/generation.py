@@ -127,7 +127,7 @@ def target_nodes(chain, root):
     """(the artifact's node, its verification and timing nodes, the manifest's entry) of a language model target."""
     recipe, route, target = chain.recipe, chain.route, chain.target
     final = stages.get(route.generation.stage).planner()(chain)
-    runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module_path}
+    runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module}
     text_files = source_files(root, recipe.generate.get("text"))
     name = f"{recipe.name}-{target.id}"
     verify = chain.node(VERIFY, name, _verify_config(chain, runtime),
@@ -161,7 +161,7 @@ def _layers_node(chain, name, final, text_files):
 
 def eager_bench_config(recipe, source):
     """Eager transformers generation on the host (a DynamicCache, token by token): the timings' baseline."""
-    return bench_config(recipe, {"runtime": "eager", "runtime_module": f"{routes.RUNTIMES_PACKAGE}.eager"}, source)
+    return bench_config(recipe, {"runtime": "eager", "runtime_module": routes.EAGER_RUNTIME}, source)
 
 
 for _stage in (

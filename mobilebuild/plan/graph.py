@@ -62,7 +62,7 @@ def recipe_nodes(recipe, root):
     else:
         eager_bench = checked_node(recipe, "bench", f"{recipe.name}-eager",
                                    stages.BenchConfig(runtime="eager",
-                                                      runtime_module=f"{routes.RUNTIMES_PACKAGE}.eager",
+                                                      runtime_module=routes.EAGER_RUNTIME,
                                                       model=source, inputs=recipe.inputs, timing=timing,
                                                       runs_on_host=True),
                                    {"checkpoint": checkpoint}, f"{out}/bench-eager.json", files=factory_files)
@@ -95,7 +95,7 @@ def recipe_nodes(recipe, root):
             continue
         final, precision = chain.nodes[route.final_stage], chain.precision
         fixed = route.fixed_shape(recipe, precision, (chain.quantization or {}).get("mode", "static"))
-        runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module_path,
+        runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module,
                    "engine": route.engine if route.quantizes_eagerly else None, "inputs": recipe.inputs,
                    "runs_on_host": route.runs_on_host, "host_reason": route.host_reason}
         results.append(chain.node(

@@ -1,10 +1,11 @@
 """The registry of targets: one `Route` per backend x runtime, the single entry everything else derives from.
 
-A route family (TorchScript, NNAPI, ExecuTorch, ONNX Runtime...) is one module under `mobilebuild.routes` that
-registers its routes with everything about them: its own final stages and their planners (plan.stages), how it
-makes int8, the runtime that loads its artifacts, its per-layer diagnosis, its `mobilebuild check`, its report family
-and structure column, the packages whose versions key its nodes and its recipe section. The rest of the package asks
-the route and never compares backend names. A project's dodo.py registers its own the same way. No torch here.
+A route family (TorchScript, NNAPI, ExecuTorch, ONNX Runtime, LiteRT) is one folder under `mobilebuild.routes` whose
+plan.py registers its routes with everything about them: its own final stages and their planners (plan.stages), how
+it makes int8, the runtime that loads its artifacts, its per-layer diagnosis, its `mobilebuild check`, its report
+family, structure column and notes, the packages whose versions key its nodes (and the extra that installs them)
+and its recipe section. The rest of the package asks the route and never compares backend names. A project's dodo.py
+registers its own the same way. No torch here.
 """
 
 from collections.abc import Callable
@@ -15,7 +16,8 @@ from mobilebuild.plan.registry import Registry
 from mobilebuild.plan.settings import MODEL_LIBRARIES, MODEL_LIBRARY_EXTRA
 
 DEVICE_ONLY = "runs only on {where}; the host checks that the artifact loads and records its structure"
-RUNTIMES_PACKAGE = "mobilebuild.worker.runtimes"
+# The runtime module of the eager reference every artifact is compared with
+EAGER_RUNTIME = "mobilebuild.worker.runtimes.eager"
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,11 @@ class Arm64:
 class Runtime:
     """Where a route's artifacts run, and what people are told about them."""
 
-    name: str  # the runtime's name in results, and its worker module's under mobilebuild.worker.runtimes
+    name: str  # the runtime's name in results
     family: str  # the report's name for it ("ExecuTorch")
-    module: str | None = None  # a worker-side runtime module elsewhere (one that comes with a project's route)
+    # the worker-side module that loads and inspects its artifacts (worker/runtimes/__init__.py): its family's
+    # worker/runtime.py, or a module that comes with a project's route
+    module: str
     device_only: str | None = None  # where it runs, when the host cannot run it
     fixed_shapes: str | None = None  # why its artifacts take the example's sizes only (no dynamic dims)
     packages: tuple = ()  # the packages besides torch whose versions shape the artifact
@@ -69,10 +73,6 @@ class Runtime:
     arm64: Arm64 | None = None  # how its artifacts run on emulated ARM CPUs; None: they do not
     # the extra of mobilebuild that installs `packages` (pip install 'mobilebuild[extra]'); None: the core install
     extra: str | None = None
-
-    @property
-    def module_path(self):
-        return self.module or f"{RUNTIMES_PACKAGE}.{self.name.replace('-', '_')}"
 
 
 @dataclass(frozen=True)
