@@ -307,3 +307,38 @@ def test_the_stage_code_digest_reads_every_worker_side_module():
 
     read = {module_name(path) for path in toolchain.worker_sources()}
     assert read == {name for name in MODULES if name.startswith("mobilebuild.worker") or FAMILY_WORKER.match(name)}
+
+
+# The packages only an extra installs (pyproject.toml): the core install has none of them
+OPTIONAL = {"executorch", "torchao", "coremltools", "onnx", "onnxscript", "onnxruntime", "onnx_ir", "litert_torch",
+            "ai_edge_litert", "ai_edge_quantizer", "jax", "jaxlib", "timm", "transformers", "tokenizers", "dask",
+            "distributed"}
+
+
+def import_time_imports(source):
+    """The top-level modules a source imports as it is imported: at module level and in class bodies, not inside
+    functions (those run only when called)."""
+    found, pending = set(), list(ast.parse(source).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").split(".")[0])
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_only_a_familys_worker_half_imports_an_extras_package_when_imported():
+    """A core install (no extra) imports every module but a family's worker half without an ImportError: the
+    optional packages are imported where they are used (docs/install.md)."""
+    offending = {name: sorted(import_time_imports(path.read_text()) & OPTIONAL) for name, path in MODULES.items()
+                 if not FAMILY_WORKER.match(name)}
+    assert {name: found for name, found in offending.items() if found} == {}
+
+
+def test_the_import_time_check_sees_module_and_class_level_imports_only():
+    source = "import onnx\nclass A:\n    import jax\ndef f():\n    import timm\n"
+    assert import_time_imports(source) == {"onnx", "jax"}
