@@ -273,7 +273,7 @@ def distributions():
 
 
 def not_installed(packages, found):
-    """One line naming what of `packages` is missing from `found` (toolchain.versions: a version or None each) and
+    """One line naming what of `packages` is missing from `found` (toolchain.installed: a version or None each) and
     the extra that installs it, or None where every one is there."""
     missing = [name for name in packages if found.get(name, "") is None]
     if not missing:
