@@ -427,7 +427,7 @@ def test_a_check_after_a_build_rebuilds_nothing_and_a_build_after_a_check_reuses
 
     assert preflight.check_command([str(first)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" in ")[0] for line in lines[2:5]] == [
+    assert [line.split(" in ")[0] for line in lines[3:6]] == [
         "xnnpack (xnnpack, pytorch-mobile, fp32): built", "qnnpack (qnnpack, pytorch-mobile, int8): built",
         "onnx (onnx, onnxruntime, fp32): built"]
     _, _, executed = build(project.root, "first")
@@ -439,7 +439,8 @@ def test_a_check_after_a_build_rebuilds_nothing_and_a_build_after_a_check_reuses
     assert preflight.check_command([str(second), "--json"]) == 0
     captured = capsys.readouterr()
     assert [result["made"] for result in json.loads(captured.out)["targets"]] == ["up to date"] * 3
-    assert len(captured.err.splitlines()) == 5  # with --json, the header and the target lines go to stderr
+    # with --json, the header (recipe, families, model) and the target lines go to stderr
+    assert len(captured.err.splitlines()) == 6
 
 
 @pytest.mark.slow
