@@ -54,7 +54,8 @@ def timed(generator, length, new_tokens, tokenizer):
     """(TTFT ms, decode tokens/s): medians over RUNS after WARMUP; `generator`: a generator (worker/lm.py) or the
     path of a program for ExecuTorch's LLM runner (with the byte tokenizer's file). One round of a row."""
     if isinstance(generator, Path):
-        found = llm_runner.time_on_host(generator, tokenizer, [length], new_tokens, WARMUP, RUNS)[str(length)]
+        found = llm_runner.time_on_host(generator, tokenizer, {length: llm_runner.prompt_text(length)}, new_tokens,
+                                        WARMUP, RUNS)[str(length)]
     else:
         found = lm_bench.generator_timings(generator, length, new_tokens, WARMUP, RUNS)
     return found["ttft_ms"], 1e3 / found["decode_ms_per_token"]

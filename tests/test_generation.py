@@ -112,6 +112,62 @@ def _plan_problems(root, data):
     return [str(error) for error in caught.value.errors]
 
 
+BPE_VOCAB = 320  # the 256 bytes, an end-of-text token and 63 merges
+
+
+@pytest.fixture
+def bpe(tmp_path):
+    """A byte-level BPE tokenizer.json of BPE_VOCAB tokens trained with Hugging Face tokenizers on Python's help
+    texts, and a held-out text file, beside the recipe (recipes/)."""
+    from mobilebuild.examples import pydoc_lm
+
+    (tmp_path / "recipes").mkdir()
+    pydoc_lm.bpe_tokenizer(tmp_path / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB)
+    (tmp_path / "recipes" / "heldout.txt").write_text(pydoc_lm.heldout_text())
+    return tmp_path
+
+
+def test_a_tokenizer_ships_once_per_recipe_and_is_read_by_what_reads_held_out_text(bpe):
+    data = lm_recipe(tokenizer="tokenizer.json", text="heldout.txt")
+    write(bpe, data)
+    (loaded,) = recipe.load_all(bpe)
+    assert loaded.generate["tokenizer"] == "recipes/tokenizer.json"
+    nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, str(bpe))}
+    assert nodes["tokenizer:lm"].inputs == {"source": "recipes/tokenizer.json"}
+    assert nodes["tokenizer:lm"].output.endswith("lm/tokenizer.json")
+    for name in ("lm_verify:lm-onnx", "lm_bench:lm-onnx", "lm_layers:lm-et-8da4w"):
+        assert nodes[name].inputs["tokenizer"] == nodes["tokenizer:lm"].output
+    assert "recipes/heldout.txt" in nodes["lm_verify:lm-onnx"].files
+    entries = {entry["target"]: entry for entry in nodes["manifest:lm"].config["targets"]}
+    assert {entry["tokenizer"] for entry in entries.values()} == {nodes["tokenizer:lm"].output}
+
+
+
+@pytest.mark.parametrize("generate, expected", [
+    ({"tokenizer": "missing.json"}, "generate.tokenizer: 'missing.json' does not exist"),
+    ({"tokenizer": "heldout.txt"}, "generate.tokenizer: expected a tokenizers tokenizer.json or a SentencePiece "
+                                   ".model, got 'recipes/heldout.txt'"),
+    ({"text": "heldout.txt"}, "generate.text: a text file needs a tokenizer to encode it"),
+    ({"text": "../../outside.txt"}, "generate.text: path '../../outside.txt' leaves the repository"),
+])
+def test_bad_tokenizer_and_text_files_are_one_line_each(bpe, generate, expected):
+    found = problems(bpe, lm_recipe(**generate))
+    assert any(expected in line for line in found), found
+    assert all("\n" not in line for line in found)
+
+
+def test_a_tokenizer_of_another_vocabulary_or_no_tokenizer_at_all_is_one_line(bpe):
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.worker import tokenizer
+
+    with pytest.raises(MobileBuildError, match=f"tokenizer.json has {BPE_VOCAB} tokens, the model's vocabulary 64"):
+        tokenizer.Tokenizer(bpe / "recipes" / "tokenizer.json").check(64)
+    (bpe / "recipes" / "broken.json").write_text("{}")
+    with pytest.raises(MobileBuildError, match="broken.json is not a tokenizers tokenizer it can read") as caught:
+        tokenizer.Tokenizer(bpe / "recipes" / "broken.json")
+    assert caught.value.field == "generate.tokenizer" and "\n" not in str(caught.value)
+
+
 def test_a_factory_language_model_must_name_its_input(tmp_path):
     data = {**copy.deepcopy(LM), "model": {"factory": "tinynet:build"}}
     (line,) = problems(tmp_path, data)
@@ -251,6 +307,7 @@ def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(
         verified = json.loads(project.artifact(f"lm/verify-{target['target']}.json").read_text())
         assert verified["status"] == "passed", verified
         assert set(verified["prompt_lengths"]) == {"4", "8"}
+        assert verified["untrained_reference"]  # random weights: perplexity near the vocabulary's 64
         assert 0 <= verified["metrics"]["agreement"] <= 1
         timed = json.loads(project.artifact(f"lm/bench-{target['target']}.json").read_text())
         assert timed["decode_tokens_per_s"] > 0 and timed["peak_rss_mb"] > 0
@@ -267,6 +324,42 @@ def test_a_tiny_language_model_builds_verifies_and_times_through_every_lm_route(
     rebuilt = project.doit()
     assert rebuilt and {name.split(":")[0] for name in rebuilt} <= {"lm_verify", "lm_bench", "lm_layers", "verified",
                                                                    "manifest", "plot"}, rebuilt
+
+
+@pytest.mark.slow
+def test_a_language_model_with_its_tokenizer_is_verified_on_text_and_timed_by_the_runner_with_it(project):
+    """A tiny Llama whose vocabulary is a BPE tokenizer's, trained with Hugging Face tokenizers: verified on held-out
+    text that tokenizer encodes, timed by ExecuTorch's LLM runner with it (its greedy tokens the generator's), the
+    tokenizer shipped beside each artifact and in the release; an edited tokenizer rebuilds what reads it only."""
+    from mobilebuild.examples import pydoc_lm
+    from mobilebuild.results import release
+
+    pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB)
+    (project.root / "recipes" / "heldout.txt").write_text(pydoc_lm.heldout_text())
+    data = lm_recipe(tokenizer="tokenizer.json", text="heldout.txt")
+    data["model"]["config"] = {**LLAMA, "vocab_size": BPE_VOCAB}
+    data["targets"] = [LM["targets"][0], LM["targets"][2]]  # ExecuTorch (export_llm's program) and ONNX, fp32
+    project.write_recipe(data)
+    project.doit()
+    shipped = project.artifact("lm/tokenizer.json")
+    assert shipped.read_bytes() == (project.root / "recipes" / "tokenizer.json").read_bytes()
+    manifest = json.loads(project.artifact("lm/manifest.json").read_text())
+    assert {target["tokenizer"] for target in manifest["targets"]} == {"lm/tokenizer.json"}
+    for target in ("xnnpack-executorch", "onnx"):
+        verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
+        assert verified["status"] == "passed" and verified["data"] == "held-out text", verified
+    timed = json.loads(project.artifact("lm/bench-xnnpack-executorch.json").read_text())
+    assert timed["runner_refused"] is None and timed["runner"]["decode_tokens_per_s"] > 0
+    assert all(values["tokens"] for values in timed["runner"]["prompt_lengths"].values())
+
+    document = release.collect(project.root, project.root / "release")
+    assert document["files"]["lm/tokenizer.json"]["ships_with"] == ["onnx", "xnnpack-executorch"]
+    assert document["files"]["lm/lm-onnx.onnx"]["tokenizer"] == "lm/tokenizer.json"
+    assert (project.root / "release" / "lm" / "tokenizer.json").read_bytes() == shipped.read_bytes()
+
+    pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB - 1)
+    rebuilt = {name.split(":")[0] for name in project.doit()}
+    assert rebuilt <= {"tokenizer", "lm_verify", "lm_bench", "verified", "manifest", "plot"} and "tokenizer" in rebuilt
 
 
 def test_the_report_has_a_generation_table_for_a_language_model():

@@ -11,6 +11,7 @@ from test_device import SERIAL, FakeAdb
 from mobilebuild.routes.executorch.worker import llm_runner
 
 LLAMA_MAIN = "/data/local/tmp/llama_main"
+PROMPTS = {16: llm_runner.prompt_text(16), 64: llm_runner.prompt_text(64)}
 # llama_main's statistics line, as the runner printed it for the tiny byte-level Llama of the slow test below
 OBSERVER = ('PyTorchObserver {"prefill_token_per_sec":64000,"prompt_tokens":64,"generated_tokens":15,'
             '"model_load_start_ms":1795725853893,"model_load_end_ms":1795725853894,'
@@ -27,10 +28,11 @@ def test_the_byte_tokenizer_gives_each_byte_its_own_id(tmp_path):
     assert len(tokenizer.encode(llm_runner.prompt_text(64)).ids) == 64
 
 
-def test_the_runner_times_only_export_llms_programs_of_a_byte_vocabulary():
+def test_the_runner_times_export_llms_programs_with_a_tokenizer_or_a_byte_vocabulary():
     assert llm_runner.refusal(["forward", "get_max_seq_len"], 256) is None
     assert "export_llm's programs" in llm_runner.refusal(["forward"], 256)
-    assert "this model has 64" in llm_runner.refusal(["forward", "get_max_seq_len"], 64)
+    assert "name the model's in generate.tokenizer" in llm_runner.refusal(["forward", "get_max_seq_len"], 64)
+    assert llm_runner.refusal(["forward", "get_max_seq_len"], 64, "tokenizer.json") is None
 
 
 def test_parses_llama_mains_statistics_line():
@@ -60,7 +62,7 @@ def files(tmp_path):
 
 
 def test_on_a_device_it_pushes_the_program_and_tokenizer_and_runs_llama_main_per_prompt_length(adb, files):
-    found = llm_runner.time_on_device(*files, serial=SERIAL, prompt_lengths=[16, 64], new_tokens=8)
+    found = llm_runner.time_on_device(*files, serial=SERIAL, prompts=PROMPTS, new_tokens=8)
     assert found["status"] == "ran" and set(found["prompt_lengths"]) == {"16", "64"}
     assert found["prompt_lengths"]["64"]["ttft_ms"] == 3
     calls = adb.calls
@@ -74,52 +76,78 @@ def test_on_a_device_it_pushes_the_program_and_tokenizer_and_runs_llama_main_per
 
 
 def test_without_a_device_or_its_runner_it_says_why_in_one_line(adb, files):
-    found = llm_runner.time_on_device(*files, serial=None, prompt_lengths=[16], new_tokens=8)
+    found = llm_runner.time_on_device(*files, serial=None, prompts={16: PROMPTS[16]}, new_tokens=8)
     assert found["status"] == "skipped" and "no device selected" in found["reason"]
     adb.reply("ls", f"ls: {LLAMA_MAIN}: No such file or directory\n", exit=1)
-    found = llm_runner.time_on_device(*files, serial=SERIAL, prompt_lengths=[16], new_tokens=8)
+    found = llm_runner.time_on_device(*files, serial=SERIAL, prompts={16: PROMPTS[16]}, new_tokens=8)
     assert found["status"] == "skipped" and found["reason"].startswith(f"{LLAMA_MAIN} not found on device {SERIAL}")
     assert "llama_main" in found["reason"] and "\n" not in found["reason"]
 
 
 def test_output_without_the_statistics_line_fails(adb, files):
     adb.reply("benchmark", "E 00:00:00 method.cpp:819] Missing operator: llama::custom_sdpa.out\n")
-    found = llm_runner.time_on_device(*files, serial=SERIAL, prompt_lengths=[16], new_tokens=8)
+    found = llm_runner.time_on_device(*files, serial=SERIAL, prompts={16: PROMPTS[16]}, new_tokens=8)
     assert found["status"] == "failed" and "Missing operator" in found["reason"]
+
+
+def export_llm_program(tmp_path, vocab):
+    """A tiny random Llama of `vocab` tokens through export_llm: (the program's path, the build's generator of it)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from mobilebuild.routes.executorch.worker import export_llm
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
+    from mobilebuild.routes.executorch.worker.setup import ensure_flatc
+
+    ensure_flatc()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128)).eval()
+    program = tmp_path / "lm.pte"
+    program.write_bytes(export_llm.program_bytes(model, "fp32", 96, 32, str(tmp_path)))
+    return program, et_runtime.Generator(program.read_bytes())
 
 
 @pytest.mark.slow
 def test_the_runner_on_the_host_generates_the_generators_greedy_tokens(tmp_path):
     """A tiny byte-level Llama through export_llm: ExecuTorch's runner (text in, the byte tokenizer) and the build's
     generator (token ids in) continue each prompt with the same tokens; the runner's timings are positive."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from mobilebuild.routes.executorch.worker import export_llm
     from mobilebuild.routes.executorch.worker import runtime as et_runtime
-    from mobilebuild.routes.executorch.worker.setup import ensure_flatc
     from mobilebuild.worker import lm
+    from mobilebuild.worker.stages import lm_bench
 
-    ensure_flatc()
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(
-        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=128)).eval()
-    program = tmp_path / "lm.pte"
-    program.write_bytes(export_llm.program_bytes(model, "fp32", 96, 32, str(tmp_path)))
-    found = llm_runner.time_on_host(program, llm_runner.byte_tokenizer(tmp_path / "tokenizer.json"), [16, 64],
+    program, generator = export_llm_program(tmp_path, 256)
+    found = llm_runner.time_on_host(program, llm_runner.byte_tokenizer(tmp_path / "tokenizer.json"), PROMPTS,
                                     new_tokens=8, warmup=1, runs=2)
-    generator = et_runtime.Generator(program.read_bytes())
     for length in (16, 64):
         prompt = torch.tensor([list(llm_runner.prompt_text(length).encode())])
         assert found[str(length)]["tokens"] == lm.greedy(generator, prompt, 8)[1]
         assert found[str(length)]["ttft_ms"] > 0 and found[str(length)]["decode_ms_per_token"] > 0
 
     # lm_bench times it both ways: the generator every artifact has (the report ranks on it), the runner beside it
-    from mobilebuild.worker.stages import lm_bench
-
     config = SimpleNamespace(runtime="executorch", runtime_module=et_runtime.__name__, prompt_lengths=[16],
                              new_tokens=8, timing={"warmup": 1, "iters": 16, "threads": 1})
-    timed = lm_bench.measure({"config": config, "path": str(program), "label": "lm", "scratch": str(tmp_path)})
+    timed = lm_bench.measure({"config": config, "path": str(program), "label": "lm", "scratch": str(tmp_path),
+                             "tokenizer": None})
     assert timed["harness"] == lm_bench.GENERATOR and timed["runner"]["harness"] == llm_runner.HARNESS
     for harness in (timed, timed["runner"]):
         assert harness["decode_tokens_per_s"] > 0 and harness["prompt_lengths"]["16"]["ttft_ms"] > 0
+
+
+@pytest.mark.slow
+def test_with_a_bpe_tokenizer_the_runner_generates_the_generators_greedy_tokens(tmp_path):
+    """A tiny Llama of a BPE tokenizer's vocabulary (trained with Hugging Face tokenizers on Python's help texts):
+    the runner, given that tokenizer, reads each prompt as the prompt length's tokens and continues it as the
+    generator does from the same token ids."""
+    from mobilebuild.examples import pydoc_lm
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.tokenizer import Tokenizer
+
+    tokenizer = pydoc_lm.bpe_tokenizer(tmp_path / "tokenizer.json", vocab_size=384)
+    program, generator = export_llm_program(tmp_path, 384)
+    path, prompts = llm_runner.runner_tokenizer(tmp_path, tokenizer, [16, 64])
+    found = llm_runner.time_on_host(program, path, prompts, new_tokens=8, warmup=0, runs=1)
+    for length in (16, 64):
+        prompt = torch.tensor([Tokenizer(tokenizer).encode(prompts[length])])
+        assert prompt.shape[1] == length
+        assert found[str(length)]["tokens"] == lm.greedy(generator, prompt, 8)[1]

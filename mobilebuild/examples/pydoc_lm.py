@@ -28,6 +28,28 @@ def heldout():
     return _split()[1][:8192]
 
 
+def heldout_text():
+    """The held-out text as text (generate.text with a generate.tokenizer)."""
+    return _split()[1][:8192].to(torch.uint8).numpy().tobytes().decode("utf-8", errors="replace")
+
+
+def bpe_tokenizer(path, vocab_size=512):
+    """Write a byte-level BPE tokenizer.json of `vocab_size` tokens trained by Hugging Face `tokenizers` on the
+    training text (never the held-out tenth), as GPT-2's is made: a recipe's generate.tokenizer, made here rather than
+    downloaded. Deterministic: the same file for the same text and size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = _split()[0].to(torch.uint8).numpy().tobytes().decode("utf-8", errors="replace")
+    tokenizer.train_from_iterator(text.split("\n\n"), trainer)
+    tokenizer.save(str(path))
+    return path
+
+
 def train(model, steps=300, batch=8, learning_rate=3e-3):
     """Next-byte prediction with AdamW on random windows of the training text, the learning rate warmed up then
     annealed (one cycle: a short budget gets further than at a constant rate); returns the model."""

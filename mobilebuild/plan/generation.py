@@ -9,11 +9,12 @@ prompt lengths, new tokens and held-out text only the verification and timing; `
 import dataclasses
 from dataclasses import dataclass
 
+from mobilebuild.plan import recipe as recipes
 from mobilebuild.plan import routes, stages
-from mobilebuild.plan.chain import source_files
+from mobilebuild.plan.chain import checked_node, source_files
 from mobilebuild.plan.settings import ModelSource
 
-VERIFY, BENCH, LAYERS = "lm_verify", "lm_bench", "lm_layers"
+VERIFY, BENCH, LAYERS, TOKENIZER = "lm_verify", "lm_bench", "lm_layers", "tokenizer"
 GROUPED = ("8da4w", "int4")  # weights quantized in groups of generate.group_size
 
 # What a target must reach when the recipe sets no thresholds for its precision (generate.thresholds). On the
@@ -29,7 +30,14 @@ DEFAULT_THRESHOLDS = {
 FIELDS = {"max_context": "generate.max_context", "prompt_lengths": "generate.prompt_lengths",
           "new_tokens": "generate.new_tokens", "prompts": "generate.prompts", "text": "generate.text",
           "group_size": "generate.group_size", "seed": "generate.seed", "thresholds": "generate.thresholds",
-          "exclude": "quantize.exclude"}
+          "exclude": "quantize.exclude", "format": "generate.tokenizer"}
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """The recipe's tokenizer (generate.tokenizer), checked and shipped beside its language model artifacts."""
+
+    format: str  # "tokenizers" (a tokenizer.json) or "sentencepiece" (a .model)
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class LMVerifyConfig:
     prompt_lengths: list
     new_tokens: int
     prompts: int
-    text: str | None  # held-out token ids: "module:function", or None for seeded random ones
+    text: str | None  # held-out text: a file, or "module:function" (text or token ids); None: seeded random ids
     seed: int
     thresholds: dict
     default_thresholds: dict
@@ -73,7 +81,7 @@ class LMLayersConfig:
     prompt_lengths: list
     new_tokens: int  # with the others, what the held-out prompts are (lm.heldout_tokens): verification's
     prompts: int
-    text: str | None
+    text: str | None  # as LMVerifyConfig's
     seed: int
     top: int  # verify.layers_top
 
@@ -124,37 +132,61 @@ def bench_config(recipe, runtime, source, device=None):
 
 
 def target_nodes(chain, root):
-    """(the artifact's node, its verification and timing nodes, the manifest's entry) of a language model target."""
+    """(the nodes of the target's shipped files: its artifact and the recipe's tokenizer; its verification and timing
+    nodes; the manifest's entry) of a language model target."""
     recipe, route, target = chain.recipe, chain.route, chain.target
     final = stages.get(route.generation.stage).planner()(chain)
+    tokenizer = _tokenizer_node(chain)
+    with_tokenizer = {"tokenizer": tokenizer} if tokenizer else {}
     runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module}
-    text_files = source_files(root, recipe.generate.get("text"))
+    text_files = _text_files(root, recipe.generate.get("text"))
     name = f"{recipe.name}-{target.id}"
     verify = chain.node(VERIFY, name, _verify_config(chain, runtime),
-                        {"artifact": final, "checkpoint": chain.nodes["checkpoint"]},
+                        {"artifact": final, "checkpoint": chain.nodes["checkpoint"], **with_tokenizer},
                         f"{chain.out}/verify-{target.id}.json", files=chain.source_files + text_files,
                         fields=chain.fields)
     device = route.generation.device(recipe.benchmark["device"]) if route.generation.device else None
-    bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source, device), {"artifact": final},
-                       f"{chain.out}/bench-{target.id}.json", fields=chain.fields)
+    bench = chain.node(BENCH, name, bench_config(recipe, runtime, chain.source, device),
+                       {"artifact": final, **with_tokenizer}, f"{chain.out}/bench-{target.id}.json",
+                       fields=chain.fields)
     checks = [verify, bench]
     if chain.precision != "fp32" and route.generation.layers and recipe.verify.get("layers", True):
-        checks.append(_layers_node(chain, name, final, text_files))
+        checks.append(_layers_node(chain, name, final, with_tokenizer, text_files))
     entry = {"target": target.id, "backend": route.backend, "runtime": route.runtime, "precision": chain.precision,
              "path": final.output, "runs_on_host": route.runs_on_host, "device_only": route.runs_in.device_only,
              "delegate": final.config.get("delegate"), "pruning": None, "quantization": None,
-             "interpreter": final.interpreter, "fixed_shape": None, "generation": True}
-    return final, checks, entry
+             "interpreter": final.interpreter, "fixed_shape": None, "generation": True,
+             **({"tokenizer": tokenizer.output} if tokenizer else {})}
+    return [final, *([tokenizer] if tokenizer else [])], checks, entry
 
 
-def _layers_node(chain, name, final, text_files):
+def _tokenizer_node(chain):
+    """The recipe's tokenizer as the file its artifacts ship with (one node, which every target's chain shares)."""
+    source = chain.recipe.generate.get("tokenizer")
+    if source is None:
+        return None
+    suffix = source[source.rindex("."):]
+    # not chain.node: the file is the same whichever route's targets ship it, so is the node
+    return checked_node(chain.recipe, TOKENIZER, chain.recipe.name,
+                        TokenizerConfig(format="tokenizers" if suffix == ".json" else "sentencepiece"),
+                        {"source": source}, f"{chain.out}/tokenizer{suffix}")
+
+
+def _text_files(root, text):
+    """The repository files behind generate.text: the text file itself, or a function's module."""
+    if text is None or recipes.FUNCTION.fullmatch(text):
+        return source_files(root, text)
+    return (text,)
+
+
+def _layers_node(chain, name, final, with_tokenizer, text_files):
     generate, export = chain.recipe.generate, final.settings
     settings = LMLayersConfig(method=chain.route.generation.layers, model=chain.source, precision=chain.precision,
                               max_context=export.max_context, group_size=export.group_size, exclude=export.exclude,
                               prompt_lengths=generate["prompt_lengths"], new_tokens=generate["new_tokens"],
                               prompts=generate["prompts"], text=generate.get("text"), seed=generate["seed"],
                               top=chain.recipe.verify.get("layers_top", 5))
-    return chain.node(LAYERS, name, settings, {"checkpoint": chain.nodes["checkpoint"]},
+    return chain.node(LAYERS, name, settings, {"checkpoint": chain.nodes["checkpoint"], **with_tokenizer},
                       f"{chain.out}/layers-{chain.target.id}.json", files=chain.source_files + text_files,
                       fields=chain.fields)
 
@@ -165,15 +197,20 @@ def eager_bench_config(recipe, source):
 
 
 for _stage in (
-    stages.Stage(VERIFY, LMVerifyConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",)},
+    stages.Stage(TOKENIZER, TokenizerConfig, {"source": (stages.FILE,)},
+                 "Check the recipe's tokenizer (generate.tokenizer) and ship a copy of it beside the language model "
+                 "artifacts.", "#f4e6f0", recipe_fields=recipe_fields(TokenizerConfig)),
+    stages.Stage(VERIFY, LMVerifyConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",),
+                                          "tokenizer": (TOKENIZER,)},
                  "Compare each language model artifact with the eager model token by token on held-out prompts: "
                  "logits SQNR at the prefill and each decode step, greedy agreement, perplexity.", "#d9d2e9",
                  recipe_fields=recipe_fields(LMVerifyConfig)),
-    stages.Stage(BENCH, LMBenchConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",)},
+    stages.Stage(BENCH, LMBenchConfig, {"artifact": (stages.SHIPPED,), "checkpoint": ("checkpoint",),
+                                        "tokenizer": (TOKENIZER,)},
                  "Time each language model artifact (time to first token per prompt length, decode tokens/s, peak "
                  "memory), and eager transformers generation, in a process of its own.", "#ead1dc", measures=True,
                  recipe_fields=recipe_fields(LMBenchConfig)),
-    stages.Stage(LAYERS, LMLayersConfig, {"checkpoint": ("checkpoint",)},
+    stages.Stage(LAYERS, LMLayersConfig, {"checkpoint": ("checkpoint",), "tokenizer": (TOKENIZER,)},
                  "Rank the linear layers of each quantized language model target by the error each adds alone: the "
                  "model with that layer alone quantized, its logits at the prefill against the float model's.",
                  "#e4d7ee", recipe_fields={**recipe_fields(LMLayersConfig), "top": "verify.layers_top"},

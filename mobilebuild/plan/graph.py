@@ -79,8 +79,8 @@ def recipe_nodes(recipe, root):
             route = routes.route_for(target, recipe.file, generative=bool(recipe.generate))
             chain = Chain(recipe, target, route, root, {"checkpoint": checkpoint})
             if recipe.generate:  # a language model: its own chain, verification and timing
-                final, checks, entry = generation.target_nodes(chain, root)
-                nodes.append(final)
+                shipped, checks, entry = generation.target_nodes(chain, root)
+                nodes.extend(shipped)
                 results.extend(checks)
                 targets.append(entry)
                 continue

@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -521,6 +522,32 @@ def _input_defaults(data, file, root):
     return found
 
 
+FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")  # package.module:function
+TOKENIZER_FILES = (".json", ".model")  # tokenizers' tokenizer.json, a SentencePiece model
+
+
+def _resolve_generate(generate, file, root, problems):
+    """A language model's files, resolved in place: its tokenizer, and held-out text given as a file (which only a
+    tokenizer can read)."""
+    if generate is None:
+        return
+    try:
+        if "tokenizer" in generate:
+            generate["tokenizer"] = _repo_path(generate["tokenizer"], file, root, "generate.tokenizer")
+            if not generate["tokenizer"].endswith(TOKENIZER_FILES):
+                raise MobileBuildError(f"expected a tokenizers tokenizer.json or a SentencePiece .model, got "
+                                       f"{generate['tokenizer']!r}", file=file, field="generate.tokenizer")
+        text = generate.get("text")
+        if text is not None and not FUNCTION.fullmatch(text):
+            generate["text"] = _repo_path(text, file, root, "generate.text")
+            if "tokenizer" not in generate:
+                raise MobileBuildError("a text file needs a tokenizer to encode it: name the model's in "
+                                       "generate.tokenizer (or make generate.text a package.module:function returning "
+                                       "token ids)", file=file, field="generate.text")
+    except MobileBuildError as exc:
+        problems.append(exc)
+
+
 def _generation_input(data, file):
     """A language model's one input, input_ids [1, 1], where the recipe leaves it out (its range
     then comes from the vocabulary: _input_defaults); the problems of `generate:` the schema cannot see."""
@@ -588,6 +615,7 @@ def load(path, root, cache=None):
             model["checkpoint"] = _repo_path(model["checkpoint"], file, root, "model.checkpoint")
         except MobileBuildError as exc:
             problems.append(exc)
+    _resolve_generate(data.get("generate"), file, root, problems)
     stopping = _hub_problems(model, file, root) or _generation_input(data, file)
     stopping = stopping or _input_defaults(data, file, root)
     if stopping:  # without a source it can read, or a shape for each input, there is nothing more to check

@@ -47,7 +47,8 @@ def statement(files, sources, command):
             "buildType": BUILD_TYPE,
             "externalParameters": {
                 "recipes": sorted({entry["recipe_file"] for entry in files.values()}),
-                "targets": sorted(f"{entry['recipe']}-{entry['target']}" for entry in files.values()),
+                "targets": sorted(f"{entry['recipe']}-{entry['target']}" for entry in files.values()
+                                  if entry["target"]),  # not the files they ship with (a tokenizer)
                 "command": command,
             },
             "internalParameters": {"stage_workers": WORKER_SETTINGS},
@@ -63,7 +64,7 @@ def statement(files, sources, command):
             "byproducts": [{"name": f"verification of {path}", "digest": {"sha256": entry["sha256"]},
                             "annotations": {"verification": entry["verification"], "benchmark": entry["benchmark"],
                                             "machine": machine}}
-                           for path, entry in sorted(files.items())],
+                           for path, entry in sorted(files.items()) if entry["target"]],
         },
     }
     return {"_type": STATEMENT_TYPE, "predicateType": PREDICATE_TYPE, "predicate": predicate,

@@ -50,7 +50,7 @@ RUN_DOIT_FIRST = "run `doit` first"
 VERIFICATION_KEYS = ("status", "reason", "data", "samples", "metrics", "thresholds", "relaxed", "failures")
 ARM64_KEYS = ("status", "cpu", "generation", "emulator", "samples", "against_host", "failures")
 BENCHMARK_KEYS = ("status", "reason", "median_ms", "p10_ms", "p90_ms", "threads", "iters", "warmup", "host")
-TARGET_KEYS = ("backend", "runtime", "precision", "quantization", "pruning", "delegate", "fixed_shape")
+TARGET_KEYS = ("backend", "runtime", "precision", "quantization", "pruning", "delegate", "fixed_shape", "tokenizer")
 # Build state and local environments: never part of the sources a scratch build starts from.
 STATE_AT_TOP = (graph.ARTIFACTS_DIR, ".mobilebuild", ".git")
 STATE_ANYWHERE = ("__pycache__", ".pytest_cache", ".doit.db*")
@@ -101,7 +101,10 @@ def collect(root, out_dir, recipes=None, targets=None, allow_failed=False, signi
     try:
         for recipe_nodes, manifest, target in chosen:
             try:
-                files.update(_release_file(root, staging, recipe_nodes, manifest, target, allow_failed))
+                for path, entry in _release_file(root, staging, recipe_nodes, manifest, target, allow_failed).items():
+                    if path in files:  # a file several targets ship with (a language model's tokenizer)
+                        entry["ships_with"] = sorted({*files[path]["ships_with"], *entry["ships_with"]})
+                    files[path] = entry
             except MobileBuildError as exc:
                 refused.append(exc)
                 _unstage(staging, target["path"])  # a copy that was made before the refusal
@@ -207,33 +210,16 @@ def _short(value):
 
 
 def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
-    """Copy one target's artifact into the staging folder; return {its release path: its release.json entry}."""
+    """Copy one target's artifact, and the files it ships with (a language model's tokenizer), into the staging
+    folder; return {each one's release path: its release.json entry}."""
     name, target_id = manifest["recipe"], target["target"]
     _check_verification(name, target_id, target["status"], manifest, allow_failed)
-    chain = _chain(root, recipe_nodes, manifest, f"{graph.ARTIFACTS_DIR}/{target['path']}")
-    destination = staging / target["path"]
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(root / graph.ARTIFACTS_DIR / target["path"], destination)
-    # The copy, not the original, is checked: a build running meanwhile could replace the original under us.
-    sha256 = store.sha256_file(destination)
-    if sha256 != chain[-1]["sha256"]:
-        raise MobileBuildError(f"{graph.ARTIFACTS_DIR}/{target['path']} changed while it was released; "
-                               f"{RUN_DOIT_FIRST}")
-    made_it = {step["task"] for step in chain}
-    sources = {path: store.sha256_file(root / path) for node in recipe_nodes if node.task_name in made_it
-               for path in node.files}
     entry = {
-        "sha256": sha256,
-        "bytes": destination.stat().st_size,
-        "recipe": name,
-        "recipe_file": manifest["recipe_file"],
-        "recipe_sha256": manifest["recipe_sha256"],
-        "sources": {manifest["recipe_file"]: manifest["recipe_sha256"], **sources},
+        **_copied(root, staging, recipe_nodes, manifest, target["path"]),
         "target": target_id,
         **{key: target.get(key) for key in TARGET_KEYS},
         "inputs": manifest.get("inputs"),  # with the outputs: all an app developer needs to feed and read it
         "outputs": target.get("outputs"),
-        "chain": chain,
         "toolchain": target.get("toolchain", manifest["toolchain"]),
         "verification": _summary(manifest.get("verification", {}).get(target_id), VERIFICATION_KEYS),
         "benchmark": _summary(manifest.get("benchmarks", {}).get(target_id), BENCHMARK_KEYS),
@@ -241,7 +227,31 @@ def _release_file(root, staging, recipe_nodes, manifest, target, allow_failed):
     on_arm = arm64_summary(manifest, target_id)
     if on_arm:  # only where the build ran it there: other releases keep their entries
         entry["arm64"] = on_arm
-    return {target["path"]: entry}
+    shipped_with = {path: {**_copied(root, staging, recipe_nodes, manifest, path), "target": None,
+                           "ships_with": [target_id]}
+                    for path in (target.get("tokenizer"),) if path}
+    return {target["path"]: entry, **shipped_with}
+
+
+def _copied(root, staging, recipe_nodes, manifest, path):
+    """Copy a file the build made (`path`, below artifacts/) into the staging folder; return what release.json says
+    of how it was made: its sha256 and size, the recipe, the sources, the chain of nodes and the toolchain."""
+    chain = _chain(root, recipe_nodes, manifest, f"{graph.ARTIFACTS_DIR}/{path}")
+    destination = staging / path
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(root / graph.ARTIFACTS_DIR / path, destination)
+    # The copy, not the original, is checked: a build running meanwhile could replace the original under us.
+    sha256 = store.sha256_file(destination)
+    if sha256 != chain[-1]["sha256"]:
+        raise MobileBuildError(f"{graph.ARTIFACTS_DIR}/{path} changed while it was released; {RUN_DOIT_FIRST}")
+    made_it = {step["task"] for step in chain}
+    sources = {source: store.sha256_file(root / source) for node in recipe_nodes if node.task_name in made_it
+               for source in (*node.files, *(value for value in node.inputs.values()
+                                             if not value.startswith(f"{graph.ARTIFACTS_DIR}/")))}
+    return {"sha256": sha256, "bytes": destination.stat().st_size, "recipe": manifest["recipe"],
+            "recipe_file": manifest["recipe_file"], "recipe_sha256": manifest["recipe_sha256"],
+            "sources": {manifest["recipe_file"]: manifest["recipe_sha256"], **sources}, "chain": chain,
+            "toolchain": manifest["toolchain"]}
 
 
 def arm64_summary(manifest, target_id):

@@ -8,10 +8,13 @@ position)` takes token ids [1, T] written to the cache from `position` on and re
 float32 tensor; a step at position 0 starts a new sequence.
 """
 
+from pathlib import Path
+
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import hub, named_inputs
+from mobilebuild.plan import recipe
+from mobilebuild.worker import hub, named_inputs, tokenizer
 from mobilebuild.worker.stages import modeling
 
 
@@ -95,28 +98,48 @@ def sequence_dim(max_context):
 
 # --- held-out text and prompts -----------------------------------------------------------------------------------
 
-def heldout_tokens(config, vocab):
-    """The held-out token ids (generate.text, or seeded random ones) as a 1-D int64 tensor, checked against the
-    vocabulary and long enough for the prompts."""
+def heldout_tokens(config, vocab, tokenizer_path=None):
+    """The held-out token ids (generate.text: a text file or a function's text, encoded by the recipe's tokenizer,
+    or a function's token ids; else seeded random ones) as a 1-D int64 tensor, checked against the vocabulary and
+    long enough for the prompts."""
     needed = max(config.prompt_lengths) + config.new_tokens
+    found_tokenizer = tokenizer.Tokenizer(tokenizer_path) if tokenizer_path else None
+    if found_tokenizer:
+        found_tokenizer.check(vocab)
     if config.text is None:
         generator = torch.Generator().manual_seed(config.seed)
         return torch.randint(0, vocab, (max(needed * config.prompts, 4 * config.max_context),), generator=generator)
-    function = modeling.resolve_callable(config.text, field="generate.text")
-    found = modeling.call_user(function, config.text, "generate.text")
+    found = _heldout(config.text)
+    if isinstance(found, str):
+        if found_tokenizer is None:
+            raise MobileBuildError(f"{config.text} returned text: name the tokenizer that encodes it in "
+                                   "generate.tokenizer, or return token ids", field="generate.text")
+        found = found_tokenizer.encode(found)
     try:
         tokens = torch.as_tensor(list(found) if not isinstance(found, torch.Tensor) else found, dtype=torch.int64)
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise MobileBuildError(f"{config.text} returned {type(found).__name__}, expected token ids (a 1-D sequence "
-                               f"of ints): {modeling.first_line(exc)}", field="generate.text") from None
+        raise MobileBuildError(f"{config.text} returned {type(found).__name__}, expected text or token ids (a 1-D "
+                               f"sequence of ints): {modeling.first_line(exc)}", field="generate.text") from None
     tokens = tokens.flatten()
     if len(tokens) < needed:
-        raise MobileBuildError(f"{config.text} returned {len(tokens)} token ids; the longest prompt and its new "
+        raise MobileBuildError(f"{config.text} gave {len(tokens)} tokens; the longest prompt and its new "
                                f"tokens need {needed}", field="generate.text")
     if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
         raise MobileBuildError(f"{config.text} returned token ids outside [0, {vocab}), the model's vocabulary",
                                field="generate.text")
     return tokens
+
+
+def _heldout(text):
+    """generate.text's text (a file's, or a function's) or token ids (a function's)."""
+    if not recipe.FUNCTION.fullmatch(text):  # a file of the repository
+        try:
+            return Path(text).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MobileBuildError(f"cannot read {text} as UTF-8 text: {modeling.first_line(exc)}",
+                                   field="generate.text") from None
+    function = modeling.resolve_callable(text, field="generate.text")
+    return modeling.call_user(function, text, "generate.text")
 
 
 def prompts(tokens, length, count):

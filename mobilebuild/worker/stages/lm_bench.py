@@ -8,9 +8,9 @@ do not depend on their values).
 
 The harness: every artifact, and eager transformers, is timed by its runtime's generator, a step at a time from
 Python (worker/lm.py): the one harness every row has, which the report ranks on. Where its family has a runner that
-apps embed (the runtime module's `app_runner`: ExecuTorch's LLM runner for an export_llm program of a byte-level
-model), the artifact is timed by it too (its prompt as text, no Python between steps), under "runner", and on an
-Android device where benchmark.device selects one.
+apps embed (the runtime module's `app_runner`: ExecuTorch's LLM runner for an export_llm program, with the recipe's
+tokenizer or a byte-level one), the artifact is timed by it too (its prompt as text, no Python between steps), under
+"runner", and on an Android device where benchmark.device selects one.
 """
 
 import json
@@ -45,10 +45,11 @@ def measure(spec):
         found = timings({str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"],
                                                         runs) for length in config.prompt_lengths})
         runner = runtimes.app_runner(config)
-        refused = runner.refusal_for(generator) if runner else None
+        refused = runner.refusal_for(generator, spec["tokenizer"]) if runner else None
         if runner and not refused:
             found["runner"] = {"harness": runner.HARNESS, **timings(runner.host_timings(
-                spec["path"], spec["scratch"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs))}
+                spec["path"], spec["scratch"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs,
+                spec["tokenizer"]))}
     alone = time.perf_counter() - alone_since
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
             "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
@@ -91,11 +92,12 @@ def run(inputs, config, output):
               "artifact_compressed_bytes": len(zlib.compress(data, 6)),
               "artifact_sha256": store.sha256_file(artifact), "generation": True, "new_tokens": config.new_tokens,
               "host": bench.host(), "toolchain": toolchain.versions(), "status": "ran"}
+    tokenizer = str(inputs["tokenizer"]) if "tokenizer" in inputs else None
     with tempfile.TemporaryDirectory(dir=Path(output).parent) as scratch:
         result.update(bench.time_in_subprocess({"config": config, "path": str(artifact), "label": label,
-                                                "scratch": scratch}, measure))
+                                                "scratch": scratch, "tokenizer": tokenizer}, measure))
         if config.device:
-            result["device"] = on_device(artifact, scratch, config, result["runner_refused"])
+            result["device"] = on_device(artifact, scratch, config, result["runner_refused"], tokenizer)
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True)
     print(f"   {timings_line(result)}; peak RSS {result['peak_rss_mb']:.0f} MB ({result['harness']})")
@@ -113,12 +115,13 @@ def timings_line(found):
             "tokens/s")
 
 
-def on_device(artifact, scratch, config, refused):
+def on_device(artifact, scratch, config, refused, tokenizer):
     """The family's app runner on the selected device, where it times the artifact on the host too."""
     runner = runtimes.app_runner(config)
     if runner is None or refused:
         return {"status": "skipped", "reason": refused or f"{config.runtime} has no runner that apps embed"}
-    return runner.device_timings(artifact, scratch, config.device, config.prompt_lengths, config.new_tokens)
+    return runner.device_timings(artifact, scratch, config.device, config.prompt_lengths, config.new_tokens,
+                                 tokenizer)
 
 
 def device_line(found):

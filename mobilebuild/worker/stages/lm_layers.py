@@ -33,7 +33,7 @@ def run(inputs, config, output):
     try:
         with quiet.native_stderr(once=True), torch.no_grad(), tempfile.TemporaryDirectory() as scratch:
             model = lm.causal_lm(config.model, inputs["checkpoint"])
-            tokens = lm.heldout_tokens(config, lm.vocab_size(model))
+            tokens = lm.heldout_tokens(config, lm.vocab_size(model), inputs.get("tokenizer"))
             # verification's prompts, those of a length as one batch [prompts, length]
             batches = [torch.cat(lm.prompts(tokens, length, config.prompts)) for length in config.prompt_lengths]
             module = importlib.import_module(config.method)

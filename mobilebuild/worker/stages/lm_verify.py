@@ -17,6 +17,9 @@ from mobilebuild.worker import lm, quiet, runtimes
 from mobilebuild.worker.metrics import failures, json_safe, relaxed
 
 NEVER_DIVERGED = None
+# An eager perplexity of at least this share of the vocabulary's size: an untrained reference (random weights), whose
+# nearly flat logits any rounding reorders; a failure against it is named as such
+UNTRAINED_SHARE = 0.5
 
 
 def sqnr_db(reference, found):
@@ -67,7 +70,7 @@ def run(inputs, config, output):
     with quiet.native_stderr(once=True), torch.no_grad():
         eager = runtimes.load_generator(inputs["checkpoint"], config, eager=True)
         artifact = runtimes.load_generator(inputs["artifact"], config)
-        tokens = lm.heldout_tokens(config, lm.vocab_size(eager.model))
+        tokens = lm.heldout_tokens(config, lm.vocab_size(eager.model), inputs.get("tokenizer"))
         per_length = {}
         for length in config.prompt_lengths:
             found = [compare_prompt(artifact, eager, prompt, config.new_tokens)
@@ -89,10 +92,15 @@ def run(inputs, config, output):
              "perplexity_ratio": ppl_artifact / ppl_eager, "perplexity_tokens": len(text) - 1}
     missed = [f"{line} (at the {lowest[1]})" if line.startswith("sqnr") else line
               for line in failures(found, config.thresholds)]
+    vocab = lm.vocab_size(eager.model)
+    untrained = ppl_eager >= UNTRAINED_SHARE * vocab
+    if missed and untrained:
+        missed.append(f"the eager model's perplexity ({ppl_eager:.0f}) is about its vocabulary's size ({vocab}): "
+                      "an untrained reference (random weights), whose flat logits any rounding reorders")
     result = {"artifact_sha256": store.sha256_file(inputs["artifact"]), "precision": config.precision,
               "status": "failed" if missed else "passed", "failures": missed, "thresholds": config.thresholds,
               "relaxed": relaxed(config.thresholds, config.default_thresholds), "generation": True,
-              "data": "held-out text" if config.text else "random token ids",
+              "data": "held-out text" if config.text else "random token ids", "untrained_reference": untrained,
               "samples": sum(values["prompts"] for values in per_length.values()),
               "metrics": json_safe(found), "sqnr_at": lowest[1], "prompt_lengths": per_length}
     with open(output, "w") as handle:

@@ -41,6 +41,8 @@ def _target(target, verification):
     # by build/actions.write_manifests_despite)
     described = {key: value for key, value in target.items() if key not in ("interpreter", "error")}
     built = os.path.exists(target["path"]) and not target.get("error")  # a file there is from an earlier build
+    if target.get("tokenizer"):  # a language model's, shipped beside it
+        described["tokenizer"] = relative(target["tokenizer"])
     described.update(path=relative(target["path"]), bytes=os.path.getsize(target["path"]) if built else None,
                      status=(verification or {}).get("status", "not verified"),
                      outputs=(verification or {}).get("output_spec"))

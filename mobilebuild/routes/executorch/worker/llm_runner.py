@@ -2,12 +2,13 @@
 binding (`executorch.extension.llm.runner.TextLLMRunner`), on an Android device through its `llama_main` binary
 over adb (the way worker/device.py runs speed_benchmark_torch for TorchScript).
 
-The runner takes a text prompt and a tokenizer file, not token ids. A byte-level model (a vocabulary of 256: token
-id = byte, as the bundled example's) gets a tokenizer.json that maps each byte to itself (Hugging Face tokenizers'
-byte-level BPE with no merges); any other model would need its own tokenizer, which a recipe does not carry yet,
-and is not timed this way. On the host, times come from the runner's token callback (`time.perf_counter`): the
-runner's own Stats are whole milliseconds, coarser than a decode step of a small model. On a device, they are the
-`PyTorchObserver` line llama_main prints (milliseconds too: that is all the binary reports).
+The runner takes a text prompt and a tokenizer file, not token ids: the recipe's tokenizer (generate.tokenizer), or
+for a byte-level model without one (a vocabulary of 256: token id = byte, as the bundled example's) a tokenizer.json
+that maps each byte to itself (Hugging Face tokenizers' byte-level BPE with no merges). Each prompt is text its
+tokenizer encodes as exactly the prompt length's tokens. On the host, times come from the runner's token callback
+(`time.perf_counter`): the runner's own Stats are whole milliseconds, coarser than a decode step of a small model.
+On a device, they are the `PyTorchObserver` line llama_main prints (milliseconds too: that is all the binary
+reports).
 """
 
 import contextlib
@@ -23,6 +24,7 @@ import torch
 
 from mobilebuild.routes.executorch.worker import export_llm
 from mobilebuild.worker import device, quiet
+from mobilebuild.worker import tokenizer as recipe_tokenizer
 
 # The app-side runner the lm_bench stage times an artifact by, beside its runtime's generator (the family's runtime
 # module names this module its `app_runner`): HARNESS, refusal_for, host_timings, device_timings
@@ -37,37 +39,65 @@ RUNNER_LOG = (b"[", b"I ", b"W ", b"E ")  # its log lines' starts (ExecuTorch's,
 OBSERVER = re.compile(r"PyTorchObserver (\{.*\})")
 
 
-def refusal(program_methods, vocab):
-    """Why the runner cannot time this program (None: it can)."""
+def refusal(program_methods, vocab, tokenizer=None):
+    """Why the runner cannot time this program (None: it can), with the recipe's tokenizer file or without one."""
     if export_llm.METADATA_METHOD not in program_methods:
         return "the LLM runner takes export_llm's programs (tokens and input_pos in, its metadata methods) only"
-    if vocab != BYTES:
-        return (f"the LLM runner takes text and a tokenizer file: only a byte-level vocabulary ({BYTES} token ids) "
-                f"gets one here, this model has {vocab}")
+    if tokenizer is None and vocab != BYTES:
+        return (f"the LLM runner takes text and a tokenizer file: name the model's in generate.tokenizer (only a "
+                f"byte-level vocabulary, {BYTES} token ids, gets one without; this model has {vocab})")
     return None
 
 
-def refusal_for(generator):
+def refusal_for(generator, tokenizer=None):
     """Why the runner does not time the artifact `generator` runs (worker/lm.py), or None: it does. An ExecuTorch
     generator names its program's methods."""
     vocab = generator.forward(torch.zeros(1, 1, dtype=torch.long), 0).shape[-1]
-    return refusal(getattr(generator, "method_names", ()), vocab)
+    return refusal(getattr(generator, "method_names", ()), vocab, tokenizer)
 
 
-def host_timings(pte_path, scratch, prompt_lengths, new_tokens, warmup, runs):
-    """time_on_host with the byte-level tokenizer, written in `scratch`."""
-    return time_on_host(pte_path, _tokenizer(scratch), prompt_lengths, new_tokens, warmup, runs)
+def host_timings(pte_path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None):
+    """time_on_host with the recipe's tokenizer (else the byte-level one), its runner's copy written in
+    `scratch`."""
+    path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths)
+    return time_on_host(pte_path, path, prompts, new_tokens, warmup, runs)
 
 
-def device_timings(pte_path, scratch, device_settings, prompt_lengths, new_tokens):
-    """time_on_device on benchmark.device's device, with the byte-level tokenizer written in `scratch`."""
-    return time_on_device(pte_path, _tokenizer(scratch), serial=device_settings["serial"],
-                          prompt_lengths=prompt_lengths, new_tokens=new_tokens, binary=device_settings["binary"])
+def device_timings(pte_path, scratch, device_settings, prompt_lengths, new_tokens, tokenizer=None):
+    """time_on_device on benchmark.device's device, with the tokenizer host_timings gives the runner."""
+    path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths)
+    return time_on_device(pte_path, path, serial=device_settings["serial"], prompts=prompts,
+                          new_tokens=new_tokens, binary=device_settings["binary"])
 
 
-def _tokenizer(scratch):
-    path = Path(scratch) / "tokenizer.json"
-    return path if path.exists() else byte_tokenizer(path)
+def runner_tokenizer(scratch, tokenizer, prompt_lengths):
+    """(the tokenizer file the runner loads, {prompt length: its text}). A tokenizer.json is given to it without its
+    decoder, as the byte-level one is made: the binding hands each token to Python as a str, and a random model's
+    tokens decode to bytes that are no valid UTF-8 (UnicodeDecodeError); each token is then its vocabulary entry."""
+    if tokenizer is None:
+        path = Path(scratch) / "tokenizer.json"
+        return (path if path.exists() else byte_tokenizer(path)), {length: prompt_text(length)
+                                                                    for length in prompt_lengths}
+    found = recipe_tokenizer.Tokenizer(tokenizer)
+    prompts = {length: found.prompt(length) for length in prompt_lengths}
+    if found.format != "tokenizers":
+        return Path(tokenizer), prompts
+    path = Path(scratch) / "runner-tokenizer.json"
+    document = json.loads(Path(tokenizer).read_text())
+    document["decoder"] = None
+    path.write_text(json.dumps(document))
+    return path, prompts
+
+
+def vocabulary(tokenizer_json):
+    """{the runner's string for a token: its id} of a tokenizer.json without a decoder; {} for other formats."""
+    if Path(tokenizer_json).suffix != ".json":
+        return {}
+    document = json.loads(Path(tokenizer_json).read_text())
+    vocab = document["model"].get("vocab") or {}
+    found = dict(vocab) if isinstance(vocab, dict) else {}  # a Unigram model's is a list of [piece, score]
+    found.update({added["content"]: added["id"] for added in document.get("added_tokens") or ()})
+    return found
 
 
 @functools.cache
@@ -95,18 +125,21 @@ def prompt_text(length):
     return ("the quick brown fox jumps over the lazy dog " * (length // 44 + 1))[:length]
 
 
-def time_on_host(pte_path, tokenizer_path, prompt_lengths, new_tokens, warmup, runs):
-    """{length: {ttft_ms, decode_ms_per_token, runs, generated, tokens}}: each prompt generated greedily by the
-    runner, the first token's callback giving the time to first token, the rest the decode steps; `tokens`: the
-    last run's token ids."""
+def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs):
+    """{length: {ttft_ms, decode_ms_per_token, runs, generated, tokens}}: each prompt ({length: text}; None where
+    no text has that many tokens: left out) generated greedily by the runner, the first token's callback giving the
+    time to first token, the rest the decode steps; `tokens`: the last run's token ids (None where the tokenizer's
+    pieces do not name them)."""
     with _runner_quiet():  # its tokenizers' registration note, at import
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels, for it too)
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
         runner = TextLLMRunner(str(pte_path), str(tokenizer_path))
-    byte_of = {character: byte for byte, character in stand_ins().items()}
+    token_of = vocabulary(tokenizer_path)
     found = {}
-    for length in prompt_lengths:
+    for length, prompt in prompts.items():
+        if prompt is None:
+            continue
         first_token, decode, generated = [], [], []
         for index in range(warmup + runs):
             stamps, pieces = [], []
@@ -118,7 +151,7 @@ def time_on_host(pte_path, tokenizer_path, prompt_lengths, new_tokens, warmup, r
             settings = GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0)
             with _runner_quiet():
                 started = time.perf_counter()
-                runner.generate(prompt_text(length), settings, on_token)
+                runner.generate(prompt, settings, on_token)
             runner.reset()
             if index >= warmup and stamps:
                 first_token.append((stamps[0] - started) * 1e3)
@@ -128,7 +161,8 @@ def time_on_host(pte_path, tokenizer_path, prompt_lengths, new_tokens, warmup, r
         found[str(length)] = {"ttft_ms": statistics.median(first_token),
                               "decode_ms_per_token": statistics.median(decode) if decode else None,
                               "runs": runs, "generated": min(generated),
-                              "tokens": [byte_of[character] for piece in pieces for character in piece]}
+                              "tokens": [token_of[piece] for piece in pieces] if set(pieces) <= set(token_of)
+                              else None}
     return found
 
 
@@ -157,7 +191,7 @@ def parse_observer(text):
             "generated": generated, "prompt_tokens": stats["prompt_tokens"]}
 
 
-def time_on_device(pte_path, tokenizer_path, *, serial, prompt_lengths, new_tokens, binary=LLAMA_MAIN, adb=None,
+def time_on_device(pte_path, tokenizer_path, *, serial, prompts, new_tokens, binary=LLAMA_MAIN, adb=None,
                    timeout=600):
     """Push the program and its tokenizer and run llama_main once per prompt length, as device.benchmark_on_device
     runs speed_benchmark_torch: "ran" with the binary's figures, else "skipped" or "failed" with the reason."""
@@ -170,8 +204,10 @@ def time_on_device(pte_path, tokenizer_path, *, serial, prompt_lengths, new_toke
         run(["push", str(pte_path), model], "adb push", shell=False)
         run(["push", str(tokenizer_path), tokenizer], "adb push", shell=False)
         figures = {}
-        for length in prompt_lengths:
-            argv = [binary, f"--model_path={model}", f"--tokenizer_path={tokenizer}", f"--prompt={prompt_text(length)}",
+        for length, prompt in prompts.items():
+            if prompt is None:
+                continue
+            argv = [binary, f"--model_path={model}", f"--tokenizer_path={tokenizer}", f"--prompt={prompt}",
                     f"--seq_len={length + new_tokens}", "--temperature=0"]
             # adb joins the words after `shell` with spaces for the device's shell, so each is quoted for it
             ran = run([shlex.quote(word) for word in argv], "llama_main")
