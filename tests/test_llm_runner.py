@@ -149,5 +149,26 @@ def test_with_a_bpe_tokenizer_the_runner_generates_the_generators_greedy_tokens(
     found = llm_runner.time_on_host(program, path, prompts, new_tokens=8, warmup=0, runs=1)
     for length in (16, 64):
         prompt = torch.tensor([Tokenizer(tokenizer).encode(prompts[length])])
-        assert prompt.shape[1] == length
+        assert prompt.shape[1] == length == found[str(length)]["prompt_tokens"]
         assert found[str(length)]["tokens"] == lm.greedy(generator, prompt, 8)[1]
+
+
+@pytest.mark.slow
+def test_with_a_sentencepiece_model_the_runner_reads_prompts_of_the_prompt_lengths(tmp_path):
+    """A SentencePiece BPE model (trained by sentencepiece on Python's help texts) is given to the runner as it is:
+    it encodes each prompt as the prompt length's tokens and generates; its pieces are text, not token ids."""
+    from pydoc_data.topics import topics
+
+    import sentencepiece
+
+    text = "\n".join(topics[name] for name in sorted(topics))
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(text.splitlines()),
+                                             model_prefix=str(tmp_path / "tokenizer"), vocab_size=384,
+                                             model_type="bpe", byte_fallback=True, minloglevel=2)
+    program, _ = export_llm_program(tmp_path, 384)
+    path, prompts = llm_runner.runner_tokenizer(tmp_path, tmp_path / "tokenizer.model", [16, 64])
+    assert path == tmp_path / "tokenizer.model"
+    found = llm_runner.time_on_host(program, path, prompts, new_tokens=8, warmup=0, runs=1)
+    for length in ("16", "64"):
+        assert found[length]["prompt_tokens"] == int(length) and found[length]["generated"] >= 1
+        assert found[length]["tokens"] is None and found[length]["ttft_ms"] > 0

@@ -47,12 +47,14 @@ class Tokenizer:
 
     def prompt(self, length):
         """Text that this tokenizer encodes as exactly `length` tokens (None where none of the cuts does), for a
-        runner that takes text: a prefix of a repeated sentence, cut at a token boundary."""
-        ids = self.encode(PROMPT_TEXT * (length // 4 + 2))
-        for cut in range(length, min(length + 8, len(ids)) + 1):
-            text = self.decode(ids[:cut])
-            if len(self.encode(text)) == length:
-                return text
+        runner that takes text: a piece of a repeated sentence, cut at token boundaries (decoding a cut and encoding
+        it again can merge its last tokens: the first cut that keeps the count)."""
+        ids = self.encode(PROMPT_TEXT * (length // 4 + 4))
+        for start in range(8):
+            for cut in range(length, length + 8):
+                text = self.decode(ids[start:start + cut])
+                if len(self.encode(text)) == length:
+                    return text
         return None
 
     def check(self, model_vocab):

@@ -126,10 +126,10 @@ def prompt_text(length):
 
 
 def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs):
-    """{length: {ttft_ms, decode_ms_per_token, runs, generated, tokens}}: each prompt ({length: text}; None where
-    no text has that many tokens: left out) generated greedily by the runner, the first token's callback giving the
-    time to first token, the rest the decode steps; `tokens`: the last run's token ids (None where the tokenizer's
-    pieces do not name them)."""
+    """{length: {ttft_ms, decode_ms_per_token, runs, generated, prompt_tokens, tokens}}: each prompt ({length:
+    text}; None where no text has that many tokens: left out) generated greedily by the runner, the first token's
+    callback giving the time to first token, the rest the decode steps; `prompt_tokens`: the prompt's length as the
+    runner encoded it; `tokens`: the last run's token ids (None where the tokenizer's pieces do not name them)."""
     with _runner_quiet():  # its tokenizers' registration note, at import
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels, for it too)
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
@@ -142,7 +142,7 @@ def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs):
             continue
         first_token, decode, generated = [], [], []
         for index in range(warmup + runs):
-            stamps, pieces = [], []
+            stamps, pieces, stats = [], [], []
 
             def on_token(piece):
                 stamps.append(time.perf_counter())
@@ -151,7 +151,7 @@ def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs):
             settings = GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0)
             with _runner_quiet():
                 started = time.perf_counter()
-                runner.generate(prompt, settings, on_token)
+                runner.generate(prompt, settings, on_token, stats.append)
             runner.reset()
             if index >= warmup and stamps:
                 first_token.append((stamps[0] - started) * 1e3)
@@ -161,6 +161,7 @@ def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs):
         found[str(length)] = {"ttft_ms": statistics.median(first_token),
                               "decode_ms_per_token": statistics.median(decode) if decode else None,
                               "runs": runs, "generated": min(generated),
+                              "prompt_tokens": stats[-1].num_prompt_tokens if stats else None,
                               "tokens": [token_of[piece] for piece in pieces] if set(pieces) <= set(token_of)
                               else None}
     return found
