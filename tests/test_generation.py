@@ -168,6 +168,26 @@ def test_a_tokenizer_of_another_vocabulary_or_no_tokenizer_at_all_is_one_line(bp
     assert caught.value.field == "generate.tokenizer" and "\n" not in str(caught.value)
 
 
+def test_onnxruntime_genai_packages_language_models_only_with_the_tokenizer_inside(bpe):
+    data = lm_recipe(tokenizer="tokenizer.json")
+    data["targets"] = [{"backend": "onnx", "runtime": "onnxruntime-genai", "precision": "int4"}]
+    write(bpe, data)
+    (loaded,) = recipe.load_all(bpe)
+    nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, str(bpe))}
+    packaged = nodes["lm_genai:lm-onnx-onnxruntime-genai"]
+    assert packaged.output.endswith(".zip") and packaged.settings.group_size == 32
+    assert packaged.inputs["tokenizer"] == nodes["tokenizer:lm"].output
+    assert not any(name.startswith("lm_layers:") for name in nodes)  # the builder quantizes every MatMul
+
+    data["targets"][0]["quantize"] = {"exclude": ["lm_head"]}
+    (line,) = _plan_problems(bpe, data)
+    assert "quantize.exclude: onnxruntime-genai's model builder quantizes every MatMul" in line
+    other = {"name": "m", "model": {"torchvision": "mobilenet_v2"}, "input": {"shape": [1, 3, 8, 8]},
+             "targets": [{"backend": "onnx", "runtime": "onnxruntime-genai"}]}
+    (line,) = _plan_problems(bpe, other)
+    assert "targets[0].runtime: onnx (onnxruntime-genai) builds language models only" in line
+
+
 def test_a_factory_language_model_must_name_its_input(tmp_path):
     data = {**copy.deepcopy(LM), "model": {"factory": "tinynet:build"}}
     (line,) = problems(tmp_path, data)
@@ -360,6 +380,57 @@ def test_a_language_model_with_its_tokenizer_is_verified_on_text_and_timed_by_th
     pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB - 1)
     rebuilt = {name.split(":")[0] for name in project.doit()}
     assert rebuilt <= {"tokenizer", "lm_verify", "lm_bench", "verified", "manifest", "plot"} and "tokenizer" in rebuilt
+
+
+@pytest.mark.slow
+def test_onnxruntime_genais_model_folder_generates_in_its_own_engine_as_eager_transformers_does(project):
+    """fp32 and int4 model folders made by onnxruntime-genai's builder: verified, timed by the engine's own loop, and
+    (unpacked as an app would) loaded by onnxruntime_genai with its tokenizer, whose greedy tokens for a prompt are
+    eager transformers' (fp32); the same zip from a second build."""
+    import zipfile
+
+    import onnxruntime_genai as og
+
+    from mobilebuild.examples import pydoc_lm
+    from mobilebuild.worker.tokenizer import Tokenizer
+
+    pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB)
+    data = lm_recipe(tokenizer="tokenizer.json", text="mobilebuild.examples.pydoc_lm:heldout_text")
+    data["model"]["config"] = {**LLAMA, "vocab_size": BPE_VOCAB}
+    data["targets"] = [{"backend": "onnx", "runtime": "onnxruntime-genai"},
+                       {"backend": "onnx", "runtime": "onnxruntime-genai", "precision": "int4", "name": "genai-int4"}]
+    project.write_recipe(data)
+    project.doit()
+    for target in ("onnx-onnxruntime-genai", "genai-int4"):
+        verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
+        assert verified["status"] == "passed", verified
+        timed = json.loads(project.artifact(f"lm/bench-{target}.json").read_text())
+        assert timed["runner"]["harness"].startswith("onnxruntime-genai") and timed["runner"]["decode_tokens_per_s"] > 0
+    packaged = project.artifact("lm/lm-onnx-onnxruntime-genai.zip")
+    folder = project.root / "unpacked"
+    with zipfile.ZipFile(packaged) as archive:
+        archive.extractall(folder)
+    assert {"genai_config.json", "model.onnx", "tokenizer.json"} <= {path.name for path in folder.iterdir()}
+    model = og.Model(str(folder))
+    text = pydoc_lm.heldout_text()[:60]
+    ids = og.Tokenizer(model).encode(text).tolist()
+    assert ids == Tokenizer(project.root / "recipes" / "tokenizer.json").encode(text)
+    settings = og.GeneratorParams(model)
+    settings.set_search_options(do_sample=False, max_length=len(ids) + 6, batch_size=1)
+    engine = og.Generator(model, settings)
+    engine.append_tokens([ids])
+    while not engine.is_done():
+        engine.generate_next_token()
+    eager = random_lm({**LLAMA, "vocab_size": BPE_VOCAB})
+    eager.load_state_dict(torch.load(project.artifact("lm/checkpoint.pt")))
+    with torch.no_grad():
+        expected = eager.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0].tolist()
+    assert list(engine.get_sequence(0)) == expected
+
+    built = packaged.read_bytes()
+    project.run("clean")
+    assert project.run("lm_genai", env={"MOBILEBUILD_CACHE": "off"}).returncode == 0  # built again, not fetched
+    assert packaged.read_bytes() == built
 
 
 def test_the_report_has_a_generation_table_for_a_language_model():

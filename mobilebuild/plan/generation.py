@@ -135,8 +135,10 @@ def target_nodes(chain, root):
     """(the nodes of the target's shipped files: its artifact and the recipe's tokenizer; its verification and timing
     nodes; the manifest's entry) of a language model target."""
     recipe, route, target = chain.recipe, chain.route, chain.target
-    final = stages.get(route.generation.stage).planner()(chain)
     tokenizer = _tokenizer_node(chain)
+    if tokenizer:  # for a route that packages it with the model (onnxruntime-genai's model folder)
+        chain.nodes[TOKENIZER] = tokenizer
+    final = stages.get(route.generation.stage).planner()(chain)
     with_tokenizer = {"tokenizer": tokenizer} if tokenizer else {}
     runtime = {"runtime": route.runs_in.name, "runtime_module": route.runs_in.module}
     text_files = _text_files(root, recipe.generate.get("text"))

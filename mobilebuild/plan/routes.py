@@ -154,7 +154,8 @@ class Route:
 
     @property
     def final_stage(self):
-        return self.stages[-1]
+        """The stage that writes its artifact; None for a route of language models only (its Generation's)."""
+        return self.stages[-1] if self.stages else None
 
     @property
     def runs_on_host(self):
@@ -188,7 +189,7 @@ class Route:
     def precision(self, target):
         if self.precision_of is not None:
             return self.precision_of(target)
-        return target.precision or self.precisions[0]
+        return target.precision or (self.precisions or self.generation.precisions)[0]
 
     def tag(self, precision):
         engine = self.engine if precision == "int8" and self.quantizes_eagerly else None
@@ -261,7 +262,7 @@ def default_runtime(backend):
 
 def final_stages():
     """The stages that write a shipped artifact (a language model's too): what verify and bench may take."""
-    return tuple(dict.fromkeys([*(route.final_stage for route in _ROUTES.all()),
+    return tuple(dict.fromkeys([*(route.final_stage for route in _ROUTES.all() if route.final_stage),
                                 *(route.generation.stage for route in _ROUTES.all() if route.generation)]))
 
 
@@ -326,6 +327,9 @@ def route_for(target, recipe_file, generative=False):
             f"(buildable: {buildable})", file=recipe_file, field=where)
     if generative:
         return _generative(found, target, recipe_file, where)
+    if not found.stages:
+        raise MobileBuildError(f"{found.backend} ({found.runtime}) builds language models only (a recipe with "
+                               "generate:)", file=recipe_file, field=f"{where}.runtime")
     if target.precision and found.precision_of is not None and target.precision != found.precision(target):
         raise MobileBuildError(f"{found.backend.upper()} takes its precision from {found.settings}.mode "
                                f"({target.settings[found.settings]['mode']!r} is {found.precision(target)}); leave "

@@ -1,6 +1,7 @@
 """ONNX, run by ONNX Runtime: the fused model exported by torch.onnx (.onnx), int8 through onnxruntime's quantize_static
-(QDQ, calibrated) or quantize_dynamic, as the deployment talk quantizes on the ONNX side. Its worker half (stages,
-runtime, per-layer method, emulated-ARM runner) is worker/, beside this module."""
+(QDQ, calibrated) or quantize_dynamic, as the deployment talk quantizes on the ONNX side; and language models as
+onnxruntime-genai runs them (its model builder's folder, zipped). Its worker half (stages, runtimes, per-layer
+method, emulated-ARM runner) is worker/, beside this module."""
 
 from dataclasses import dataclass
 
@@ -118,3 +119,30 @@ register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("onnx",), ".onnx",
                checks=Checks(preflight=preflight, outputs=outputs, layers=node_layers, layer_methods={
                    "onnx": "ONNX Runtime, node by node",
                    "lm_onnx": "each layer's nodes alone quantized by onnxruntime, logits at the prefill"})))
+
+
+def lm_genai(chain):
+    """onnxruntime-genai's model folder of the target's language model, its tokenizer inside where the recipe has a
+    tokenizer.json."""
+    if chain.excluded:
+        raise chain.error("onnxruntime-genai's model builder quantizes every MatMul it makes: leave quantize.exclude "
+                          "out, or build with runtime onnxruntime", "quantize.exclude")
+    tokenizer = chain.nodes.get(generation.TOKENIZER)
+    with_tokenizer = {"tokenizer": tokenizer} if tokenizer and tokenizer.output.endswith(".json") else {}
+    return chain.shipped("lm_genai", generation.export_config(chain),
+                         {"checkpoint": chain.nodes["checkpoint"], **with_tokenizer}, files=chain.source_files)
+
+
+# A language model as onnxruntime-genai's model builder makes it for the CPU (worker side:
+# mobilebuild.routes.onnx.worker.lm_genai): model.onnx with its weights, genai_config.json, the tokenizer, zipped
+stages.register(stages.Stage(
+    "lm_genai", generation.LMExportConfig, {"checkpoint": ("checkpoint",), "tokenizer": (generation.TOKENIZER,)},
+    "Language models as onnxruntime-genai model folders (model builder; zipped).", "#a2c4c9", plan=lm_genai,
+    module="mobilebuild.routes.onnx.worker.lm_genai",
+    recipe_fields=generation.recipe_fields(generation.LMExportConfig)))
+
+register(Route("onnx", "onnxruntime-genai", (), (), ".zip",
+               "Language models as onnxruntime-genai runs them: its model builder's folder for the CPU, zipped",
+               Runtime("onnxruntime-genai", "ONNX Runtime", module="mobilebuild.routes.onnx.worker.genai_runtime",
+                       packages=(*PACKAGES, "onnxruntime-genai"), package="onnxruntime-genai", extra="onnx"),
+               generation=Generation("lm_genai", ("fp32", "int8", "int4"))))
