@@ -188,6 +188,19 @@ def test_onnxruntime_genai_packages_language_models_only_with_the_tokenizer_insi
     assert "targets[0].runtime: onnx (onnxruntime-genai) builds language models only" in line
 
 
+def test_a_litert_lm_bundle_needs_the_tokenizer_it_carries(bpe):
+    data = lm_recipe(tokenizer="tokenizer.json")
+    data["targets"] = [{"backend": "xnnpack", "runtime": "litert-lm", "precision": "int8"}]
+    write(bpe, data)
+    (loaded,) = recipe.load_all(bpe)
+    nodes = {node.task_name: node for node in graph.recipe_nodes(loaded, str(bpe))}
+    bundled = nodes["lm_litertlm:lm-xnnpack-litert-lm"]
+    assert bundled.output.endswith(".litertlm") and bundled.inputs["tokenizer"] == nodes["tokenizer:lm"].output
+    del data["generate"]["tokenizer"]
+    (line,) = _plan_problems(bpe, data)
+    assert "generate.tokenizer: a LiteRT-LM bundle carries the model's tokenizer: name it" in line
+
+
 def test_a_factory_language_model_must_name_its_input(tmp_path):
     data = {**copy.deepcopy(LM), "model": {"factory": "tinynet:build"}}
     (line,) = problems(tmp_path, data)
@@ -431,6 +444,53 @@ def test_onnxruntime_genais_model_folder_generates_in_its_own_engine_as_eager_tr
     project.run("clean")
     assert project.run("lm_genai", env={"MOBILEBUILD_CACHE": "off"}).returncode == 0  # built again, not fetched
     assert packaged.read_bytes() == built
+
+
+@pytest.mark.slow
+def test_a_litert_lm_bundle_generates_in_its_engine_as_eager_transformers_does(project):
+    """fp32 and int8 .litertlm bundles: verified through their .tflite, timed by LiteRT-LM's engine, and loaded by
+    the engine as an app would, whose greedy text for a prompt is eager transformers' after the start token; the same
+    bytes from a second build (LiteRT-LM's builder stamps a random uuid and the time: made reproducible here)."""
+    import litert_lm
+
+    from mobilebuild.examples import pydoc_lm
+    from mobilebuild.worker.tokenizer import Tokenizer
+
+    tokenizer = pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB)
+    data = lm_recipe(tokenizer="tokenizer.json", text="mobilebuild.examples.pydoc_lm:heldout_text")
+    data["model"]["config"] = {**LLAMA, "vocab_size": BPE_VOCAB}
+    data["targets"] = [{"backend": "xnnpack", "runtime": "litert-lm"},
+                       {"backend": "xnnpack", "runtime": "litert-lm", "precision": "int8", "name": "litertlm-int8"}]
+    project.write_recipe(data)
+    project.doit()
+    for target in ("xnnpack-litert-lm", "litertlm-int8"):
+        verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
+        assert verified["status"] == "passed", verified
+        timed = json.loads(project.artifact(f"lm/bench-{target}.json").read_text())
+        assert timed["runner"]["harness"].startswith("LiteRT-LM") and timed["runner"]["decode_tokens_per_s"] > 0
+        assert {length: values["prompt_tokens"] for length, values in timed["runner"]["prompt_lengths"].items()} == \
+            {"4": 5, "8": 9}  # the prompt's tokens and the start token
+    bundle = project.artifact("lm/lm-xnnpack-litert-lm.litertlm")
+    engine = litert_lm.Engine(str(bundle), backend=litert_lm.Backend.CPU(), max_num_tokens=32)
+    text = Tokenizer(tokenizer).prompt(12)  # its tokens' text (a cut inside a token may be tokenized otherwise)
+    assert engine.tokenize(text) == Tokenizer(tokenizer).encode(text)
+    session = engine.create_session(apply_prompt_template=False, max_output_tokens=6,
+                                    sampler_config=litert_lm.SamplerConfig(top_k=1))
+    session.run_prefill([text])
+    answered = session.run_decode().texts[0]
+    session.close()
+    engine.close()
+    eager = random_lm({**LLAMA, "vocab_size": BPE_VOCAB})
+    eager.load_state_dict(torch.load(project.artifact("lm/checkpoint.pt")))
+    ids = [engine.bos_token_id, *Tokenizer(tokenizer).encode(text)]
+    with torch.no_grad():
+        expected = eager.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
+    assert answered == Tokenizer(tokenizer).decode(expected)
+
+    built = bundle.read_bytes()
+    project.run("clean")
+    assert project.run("lm_litertlm", env={"MOBILEBUILD_CACHE": "off"}).returncode == 0  # built again, not fetched
+    assert bundle.read_bytes() == built
 
 
 def test_the_report_has_a_generation_table_for_a_language_model():

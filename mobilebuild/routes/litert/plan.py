@@ -165,6 +165,11 @@ class LMConvertConfig:
 
 
 def lm_convert(chain):
+    return chain.shipped("lm_litert", convert_config(chain), {"checkpoint": chain.nodes["checkpoint"]},
+                         files=chain.source_files)
+
+
+def convert_config(chain):
     exported = generation.export_config(chain)
     model_type = (exported.model.get("config") or {}).get("model_type")
     if model_type not in (None, *ARCHITECTURES):
@@ -173,10 +178,9 @@ def lm_convert(chain):
         raise chain.error(f"LiteRT's int4 (litert-torch's dynamic_int4 recipes) takes blocks of "
                           f"{' or '.join(map(str, INT4_BLOCKS))} weights, not {exported.group_size}: set "
                           f"generate.group_size to one of them or use int8", "generate.group_size")
-    config = LMConvertConfig(model=exported.model, precision=exported.precision, max_context=exported.max_context,
-                             prompt_lengths=chain.recipe.generate["prompt_lengths"], group_size=exported.group_size,
-                             exclude=exported.exclude)
-    return chain.shipped("lm_litert", config, {"checkpoint": chain.nodes["checkpoint"]}, files=chain.source_files)
+    return LMConvertConfig(model=exported.model, precision=exported.precision, max_context=exported.max_context,
+                           prompt_lengths=chain.recipe.generate["prompt_lengths"], group_size=exported.group_size,
+                           exclude=exported.exclude)
 
 
 # worker side: mobilebuild.routes.litert.worker.lm_litert
@@ -184,6 +188,23 @@ stages.register(stages.Stage(
     "lm_litert", LMConvertConfig, {"checkpoint": ("checkpoint",)},
     "Language models as LiteRT models (.tflite): prefill and decode signatures with a static KV cache.", "#d9ead3",
     plan=lm_convert, module="mobilebuild.routes.litert.worker.lm_litert",
+    recipe_fields=generation.recipe_fields(LMConvertConfig)))
+
+def lm_bundle(chain):
+    """A LiteRT-LM bundle: the converter's .tflite (as lm_convert makes it) with the recipe's tokenizer."""
+    tokenizer = chain.nodes.get(generation.TOKENIZER)
+    if tokenizer is None:
+        raise chain.error("a LiteRT-LM bundle carries the model's tokenizer: name it in generate.tokenizer (a "
+                          "tokenizer.json or a SentencePiece model)", "generate.tokenizer")
+    return chain.shipped("lm_litertlm", convert_config(chain),
+                         {"checkpoint": chain.nodes["checkpoint"], "tokenizer": tokenizer}, files=chain.source_files)
+
+
+# worker side: mobilebuild.routes.litert.worker.lm_litertlm
+stages.register(stages.Stage(
+    "lm_litertlm", LMConvertConfig, {"checkpoint": ("checkpoint",), "tokenizer": (generation.TOKENIZER,)},
+    "Language models as LiteRT-LM bundles (.litertlm): the .tflite, its tokenizer and LLM metadata.", "#d9ead3",
+    plan=lm_bundle, module="mobilebuild.routes.litert.worker.lm_litertlm",
     recipe_fields=generation.recipe_fields(LMConvertConfig)))
 
 SECTION = Section("litert", SCHEMA)
@@ -204,6 +225,12 @@ register(Route("xnnpack", "litert", ("fp32", "int8"), ("litert",), ".tflite",
                              layer_methods={"litert": "LiteRT interpreter, tensor by tensor (cumulative)",
                                             "lm_litert": "each part of the decoder alone quantized by "
                                                          "ai-edge-quantizer, logits at the prefill"})))
+register(Route("xnnpack", "litert-lm", (), (), ".litertlm",
+               "Language models as LiteRT-LM runs them: a .litertlm bundle (the .tflite, its tokenizer, LLM metadata) "
+               "for its engine's CPU backend",
+               Runtime("litert-lm", FAMILY, module="mobilebuild.routes.litert.worker.litertlm_runtime",
+                       packages=(*PACKAGES, "litert-lm-api"), package="litert-lm-api", extra="litert"),
+               generation=Generation("lm_litertlm", LM_PRECISIONS)))
 register(Route("gpu-delegate", "litert", ("fp32",), ("litert",), ".tflite",
                "GPU through LiteRT's GPU delegate (OpenCL/OpenGL on Android, Metal on iOS); fp16 weights by default",
                runtime("a phone GPU with LiteRT's GPU delegate"), section=SECTION, default=True, checks=CHECKS))

@@ -143,8 +143,9 @@ def kept_float(model, entries):
     return list(dict.fromkeys(found))
 
 
-def float_tflite(model, config, scratch):
-    """The float .tflite from litert-torch's generative converter: its prefill and decode signatures."""
+def float_tflite(model, config, scratch, mask_as_input=False):
+    """The float .tflite from litert-torch's generative converter: its prefill and decode signatures (with
+    `mask_as_input`, the attention mask an input of each, as LiteRT-LM's engine feeds it)."""
     # importing litert-torch prints absl's preamble and oneDNN's notice natively: inside converting(), they go
     with litert.converting(), torch.no_grad():
         with _tflite_schema_for_tensorflow():
@@ -157,7 +158,8 @@ def float_tflite(model, config, scratch):
         try:
             path = converter.convert_to_tflite(decoder, scratch, "lm", sorted(config.prompt_lengths),
                                                config.max_context, quantize=RECIPES["fp32", None],
-                                               export_config=ExportConfig(output_logits_on_prefill=True))
+                                               export_config=ExportConfig(output_logits_on_prefill=True,
+                                                                          mask_as_input=mask_as_input))
         except MobileBuildError:
             raise
         except Exception as exc:  # torch.export, the JAX lowering and the MLIR converter raise many types
@@ -187,9 +189,9 @@ def quantized(data, config, keep_float=()):
             return bytes(translate_recipe.quantize_model(data, rules.get_quantization_recipe()))
 
 
-def tflite_bytes(model, config, scratch):
+def tflite_bytes(model, config, scratch, mask_as_input=False):
     keep_float = kept_float(model, config.exclude)  # an entry it cannot keep: one line before converting
-    data = float_tflite(model, config, scratch)
+    data = float_tflite(model, config, scratch, mask_as_input)
     if config.precision == "fp32":
         return data
     progress.note(f"quantizing with litert-torch's {RECIPES[config.precision, config.group_size]} recipe"
@@ -197,11 +199,16 @@ def tflite_bytes(model, config, scratch):
     return quantized(data, config, keep_float)
 
 
-def run(inputs, config, output):
-    model = lm.causal_lm(config.model, inputs["checkpoint"])
+def check_mapped(model):
+    """One line where litert-torch's re-authored decoder, as mapped here, does not build the model."""
     refusal = not_mapped(model.config)
     if refusal:
         raise MobileBuildError(f"litert (LiteRT) cannot build this language model: {refusal}", field="model")
+
+
+def run(inputs, config, output):
+    model = lm.causal_lm(config.model, inputs["checkpoint"])
+    check_mapped(model)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
         data = tflite_bytes(model, config, scratch)
     generator = runtime.generator(data, config)  # it runs on the host before it is written

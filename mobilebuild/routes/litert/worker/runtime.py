@@ -172,7 +172,9 @@ def _size(model, tensor):
 class Generator:
     """A language model's .tflite (lm_litert) a step at a time (worker/lm.py), through its signatures: a prompt of
     a length it was built for goes through that `prefill_<n>` (the logits of every position), one token through
-    `decode`; the KV cache's arrays (kv_cache_k_<i>, kv_cache_v_<i>) go in and come back, kept here between calls."""
+    `decode`; the KV cache's arrays (kv_cache_k_<i>, kv_cache_v_<i>) go in and come back, kept here between calls.
+    A model that takes its attention mask (LiteRT-LM's) gets the causal one: each position sees itself and what came
+    before it in the cache."""
 
     all_positions = False  # its prefills take their own lengths only: a perplexity window goes a token at a time
 
@@ -192,8 +194,13 @@ class Generator:
         if position == 0 or self.cache is None:
             self.cache = {name: numpy.zeros(detail["shape"], dtype=detail["dtype"])
                           for name, detail in self.cache_inputs.items()}
-        found = self.runners[name](tokens=tokens.numpy().astype(numpy.int32),
-                                   input_pos=numpy.arange(position, position + length, dtype=numpy.int32),
+        positions = numpy.arange(position, position + length, dtype=numpy.int32)
+        mask = {}
+        if "mask" in self.runners[name].get_input_details():
+            context = self.runners[name].get_input_details()["mask"]["shape"][-1]
+            mask["mask"] = numpy.where(numpy.arange(context)[None, :] > positions[:, None], -numpy.inf,
+                                       0.0).astype(numpy.float32)[None, None]
+        found = self.runners[name](tokens=tokens.numpy().astype(numpy.int32), input_pos=positions, **mask,
                                    **self.cache)
         self.cache = {name: found[name] for name in self.cache_inputs}
         return torch.from_numpy(numpy.array(found["logits"]))
