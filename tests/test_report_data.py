@@ -365,7 +365,8 @@ def test_a_language_model_is_ranked_on_the_harness_every_row_has_the_runner_besi
     assert table["decode tokens/s"] == ("333", "2000", "2500")
     assert table["runner TTFT ms"] == ("—", "16: 0.60", "—") and table["runner decode tokens/s"] == ("—", "10000", "—")
     groups = dict(section.generation.groups())
-    assert groups[report_data.RANKED] == 2 and groups[report_data.RUNNER] == 2
+    assert table["runner"] == ("—", RUNNER, "—")  # which runner timed it
+    assert groups[report_data.RANKED] == 2 and groups[report_data.RUNNER] == 3
     assert any(note.startswith(f"also timed by (et): {RUNNER}, what an app runs") and "not ranked" in note
                for note in section.notes)
     assert not any(note.startswith("timed by") for note in section.notes)  # one harness for the ranked rows

@@ -279,10 +279,12 @@ def not_installed(packages, found):
     missing = [name for name in packages if found.get(name, "") is None]
     if not missing:
         return None
-    # the family whose packages these are (a node's: its route's, with its model library): one that shares some with
-    # another family (torchao: ExecuTorch's and LiteRT's) names the other's only where all of its are there
-    family = next((route.runs_in for route in _ROUTES.all()
-                   if route.runs_in.packages and set(route.runs_in.packages) <= set(packages)), None)
+    # the family whose packages these are (a node's: its route's, with its model library), the one with the most of
+    # them where several fit (LiteRT-LM's are LiteRT's and its engine's); one that shares some with another family
+    # (torchao: ExecuTorch's and LiteRT's) names the other's only where all of its are there
+    family = max((route.runs_in for route in _ROUTES.all()
+                  if route.runs_in.packages and set(route.runs_in.packages) <= set(packages)),
+                 key=lambda runtime: len(runtime.packages), default=None)
     if family is None or family.extra is None:  # a library of models
         return f"{', '.join(missing)} is not installed here: pip install 'mobilebuild[{MODEL_LIBRARY_EXTRA}]'"
     return (f"{family.family} is not installed here ({', '.join(missing)} missing): pip install "

@@ -732,8 +732,8 @@ GENERATION_TITLE = ("Generation, token by token (a language model with its KV ca
 
 
 def _runner(row):
-    """The timings of the family's app runner (ExecuTorch's LLM runner) beside the generator's (lm_bench), {} where it
-    did not time the row."""
+    """The timings of the family's app runner (ExecuTorch's LLM runner, onnxruntime-genai's loop, LiteRT-LM's engine)
+    beside the generator's (lm_bench), {} where it did not time the row."""
     return _dict(_get(row.benchmark, "runner")) if row.timing("median_ms") is not None else {}
 
 
@@ -762,6 +762,7 @@ GENERATION_COLUMNS = [
     Column("size (MB)", "", True, lambda row: _megabytes(row.size_bytes)),
     Column("TTFT ms (prompt length: ms)", RANKED, True, lambda row: _per_length(row.benchmark, "ttft_ms", 2)),
     Column("decode tokens/s", RANKED, True, lambda row: _fixed(finite(_get(row.benchmark, "decode_tokens_per_s")), 0)),
+    Column("runner", RUNNER, False, lambda row: _text(_get(_runner(row), "harness")) if _runner(row) else NONE),
     Column("runner TTFT ms", RUNNER, True, lambda row: _per_length(_runner(row), "ttft_ms", 2)
            if _runner(row) else NONE),
     Column("runner decode tokens/s", RUNNER, True,

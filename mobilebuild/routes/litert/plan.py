@@ -228,7 +228,7 @@ register(Route("xnnpack", "litert", ("fp32", "int8"), ("litert",), ".tflite",
 register(Route("xnnpack", "litert-lm", (), (), ".litertlm",
                "Language models as LiteRT-LM runs them: a .litertlm bundle (the .tflite, its tokenizer, LLM metadata) "
                "for its engine's CPU backend",
-               Runtime("litert-lm", FAMILY, module="mobilebuild.routes.litert.worker.litertlm_runtime",
+               Runtime("litert-lm", "LiteRT-LM", module="mobilebuild.routes.litert.worker.litertlm_runtime",
                        packages=(*PACKAGES, "litert-lm-api"), package="litert-lm-api", extra="litert"),
                generation=Generation("lm_litertlm", LM_PRECISIONS)))
 register(Route("gpu-delegate", "litert", ("fp32",), ("litert",), ".tflite",

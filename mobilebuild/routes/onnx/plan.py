@@ -143,6 +143,6 @@ stages.register(stages.Stage(
 
 register(Route("onnx", "onnxruntime-genai", (), (), ".zip",
                "Language models as onnxruntime-genai runs them: its model builder's folder for the CPU, zipped",
-               Runtime("onnxruntime-genai", "ONNX Runtime", module="mobilebuild.routes.onnx.worker.genai_runtime",
+               Runtime("onnxruntime-genai", "onnxruntime-genai", module="mobilebuild.routes.onnx.worker.genai_runtime",
                        packages=(*PACKAGES, "onnxruntime-genai"), package="onnxruntime-genai", extra="onnx"),
                generation=Generation("lm_genai", ("fp32", "int8", "int4"))))
