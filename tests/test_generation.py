@@ -477,12 +477,12 @@ def test_a_litert_lm_bundle_generates_in_its_engine_as_eager_transformers_does(p
     session = engine.create_session(apply_prompt_template=False, max_output_tokens=6,
                                     sampler_config=litert_lm.SamplerConfig(top_k=1))
     session.run_prefill([text])
-    answered = session.run_decode().texts[0]
+    answered, start = session.run_decode().texts[0], engine.bos_token_id
     session.close()
     engine.close()
     eager = random_lm({**LLAMA, "vocab_size": BPE_VOCAB})
     eager.load_state_dict(torch.load(project.artifact("lm/checkpoint.pt")))
-    ids = [engine.bos_token_id, *Tokenizer(tokenizer).encode(text)]
+    ids = [start, *Tokenizer(tokenizer).encode(text)]
     with torch.no_grad():
         expected = eager.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):].tolist()
     assert answered == Tokenizer(tokenizer).decode(expected)
