@@ -66,7 +66,7 @@ def main():
     torch.set_num_threads(1)
     scratch = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="export_llm-"))
     scratch.mkdir(parents=True, exist_ok=True)
-    tokenizer = llm_runner.byte_tokenizer(scratch / "tokenizer.json")
+    tokenizer, _ = llm_runner.runner_tokenizer(scratch, None, [])
     loaded = recipes.load(RECIPE, REPO)
     generate, out = loaded.generate, REPO / "artifacts" / loaded.name
     source = model_source(loaded.model, loaded.inputs)

@@ -2,6 +2,7 @@
 llama_main's statistics line, the adb flow against the fake `adb` of test_device (this machine has neither adb nor a
 device), and (slow) the runner's Python binding on a real export_llm program, its greedy tokens as the generator's."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -19,13 +20,16 @@ OBSERVER = ('PyTorchObserver {"prefill_token_per_sec":64000,"prompt_tokens":64,"
             '"first_token_ms":1795725853976,"aggregate_sampling_time_ms":0,"SCALING_FACTOR_UNITS_PER_SECOND":1000}')
 
 
-def test_the_byte_tokenizer_gives_each_byte_its_own_id(tmp_path):
-    from tokenizers import Tokenizer
+def test_the_byte_level_tokenizer_gives_each_byte_its_own_id_and_the_runners_copy_no_decoder(tmp_path):
+    from mobilebuild.worker.tokenizer import Tokenizer, byte_level
 
-    tokenizer = Tokenizer.from_file(str(llm_runner.byte_tokenizer(tmp_path / "tokenizer.json")))
+    tokenizer = Tokenizer(byte_level(tmp_path / "tokenizer.json"))
     text = "def f(x):\n    return x  # é, ü\t"
-    assert tokenizer.encode(text).ids == list(text.encode())
-    assert len(tokenizer.encode(llm_runner.prompt_text(64)).ids) == 64
+    assert tokenizer.encode(text) == list(text.encode()) and tokenizer.decode(tokenizer.encode(text)) == text
+    path, prompts = llm_runner.runner_tokenizer(tmp_path, None, [16, 64])
+    assert json.loads(path.read_text())["decoder"] is None
+    assert [len(tokenizer.encode(prompts[length])) for length in (16, 64)] == [16, 64]
+    assert len(tokenizer.encode(llm_runner.prompt_text(64))) == 64
 
 
 def test_the_runner_times_export_llms_programs_with_a_tokenizer_or_a_byte_vocabulary():
@@ -117,7 +121,7 @@ def test_the_runner_on_the_host_generates_the_generators_greedy_tokens(tmp_path)
     from mobilebuild.worker.stages import lm_bench
 
     program, generator = export_llm_program(tmp_path, 256)
-    found = llm_runner.time_on_host(program, llm_runner.byte_tokenizer(tmp_path / "tokenizer.json"), PROMPTS,
+    found = llm_runner.time_on_host(program, llm_runner.runner_tokenizer(tmp_path, None, [])[0], PROMPTS,
                                     new_tokens=8, warmup=1, runs=2)
     for length in (16, 64):
         prompt = torch.tensor([list(llm_runner.prompt_text(length).encode())])

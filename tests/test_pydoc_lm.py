@@ -46,3 +46,13 @@ def test_training_is_deterministic_and_learns():
     first, second = (pydoc_lm.train(_llama(**tiny), steps=30) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
     assert loss(first) < before - 1.0  # from about ln 256 = 5.5 nats per byte
+
+
+def test_the_recipes_tokenizer_is_the_byte_level_one_it_says(tmp_path):
+    from mobilebuild.worker.tokenizer import Tokenizer, byte_level
+
+    shipped = RECIPE.parent / yaml.safe_load(RECIPE.read_text())["generate"]["tokenizer"]
+    assert shipped.read_bytes() == byte_level(tmp_path / "tokenizer.json").read_bytes()
+    text = pydoc_lm.heldout_text()[:256]
+    assert Tokenizer(shipped).encode(text) == list(text.encode())  # token id = byte, as the model was trained
+

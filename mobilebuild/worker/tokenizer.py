@@ -62,3 +62,21 @@ class Tokenizer:
         if self.vocab_size > model_vocab:
             raise MobileBuildError(f"{self.path.name} has {self.vocab_size} tokens, the model's vocabulary "
                                    f"{model_vocab}: a tokenizer of another model?", field=FIELD)
+
+
+def byte_level(path):
+    """Write a tokenizer.json whose token ids are the text's UTF-8 bytes (Hugging Face tokenizers' byte-level BPE
+    with no merges, each byte as GPT-2's printable stand-in for it), with the decoder that turns them back into
+    text: a byte-level model's tokenizer (the bundled example's), and the one the LLM runner gets for a byte-level
+    model whose recipe names none."""
+    from tokenizers import Tokenizer as HuggingFaceTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocabulary = {character: byte for byte, character in bytes_to_unicode().items()}
+    found = HuggingFaceTokenizer(models.BPE(vocab=vocabulary, merges=[]))
+    found.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    found.decoder = decoders.ByteLevel()
+    found.save(str(path))
+    return path
+

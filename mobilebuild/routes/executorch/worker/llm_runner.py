@@ -12,7 +12,6 @@ reports).
 """
 
 import contextlib
-import functools
 import json
 import re
 import shlex
@@ -71,13 +70,12 @@ def device_timings(pte_path, scratch, device_settings, prompt_lengths, new_token
 
 
 def runner_tokenizer(scratch, tokenizer, prompt_lengths):
-    """(the tokenizer file the runner loads, {prompt length: its text}). A tokenizer.json is given to it without its
-    decoder, as the byte-level one is made: the binding hands each token to Python as a str, and a random model's
-    tokens decode to bytes that are no valid UTF-8 (UnicodeDecodeError); each token is then its vocabulary entry."""
+    """(the tokenizer file the runner loads, {prompt length: its text}): the recipe's, or for a byte-level model
+    without one a byte-level tokenizer.json. A tokenizer.json is given to it without its decoder: the binding hands
+    each token to Python as a str, and a random model's tokens decode to bytes that are no valid UTF-8
+    (UnicodeDecodeError); each token is then its vocabulary entry."""
     if tokenizer is None:
-        path = Path(scratch) / "tokenizer.json"
-        return (path if path.exists() else byte_tokenizer(path)), {length: prompt_text(length)
-                                                                    for length in prompt_lengths}
+        tokenizer = recipe_tokenizer.byte_level(Path(scratch) / "bytes-tokenizer.json")
     found = recipe_tokenizer.Tokenizer(tokenizer)
     prompts = {length: found.prompt(length) for length in prompt_lengths}
     if found.format != "tokenizers":
@@ -98,26 +96,6 @@ def vocabulary(tokenizer_json):
     found = dict(vocab) if isinstance(vocab, dict) else {}  # a Unigram model's is a list of [piece, score]
     found.update({added["content"]: added["id"] for added in document.get("added_tokens") or ()})
     return found
-
-
-@functools.cache
-def stand_ins():
-    """byte -> the printable character that stands for it in byte-level tokenizers (GPT-2's alphabet)."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return bytes_to_unicode()
-
-
-def byte_tokenizer(path):
-    """A tokenizer.json whose token ids are the text's UTF-8 bytes. No decoder: each token decodes to its byte's
-    printable stand-in (GPT-2's byte-level alphabet), since the binding hands every token to Python as a str and a
-    lone byte of a multi-byte character is no valid UTF-8 (it raised UnicodeDecodeError)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tokenizer = Tokenizer(models.BPE(vocab={character: byte for byte, character in stand_ins().items()}, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.save(str(path))
-    return path
 
 
 def prompt_text(length):
