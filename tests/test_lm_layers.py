@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from test_generation import LM, _plan_problems, keys, random_lm
+from test_generation import LLAMA, LM, _plan_problems, keys, random_lm
 from test_recipe import write
 
 import mobilebuild.routes  # noqa: F401  (the route families register their stages)
@@ -218,6 +218,28 @@ def test_the_ranking_quantizes_one_layer_at_a_time_with_the_routes_own_quantizer
     assert {row["name"] for row in found["layers"]} <= set(torchao_linears.linear_layers(qwen2)) - {"lm_head"}
     # every layer quantized costs more than the worst one alone
     assert found["all_quantized_sqnr_db"] < ranked[0] < 60
+
+
+def test_a_deep_model_is_ranked_block_by_block_then_in_its_worst_blocks(tmp_path, monkeypatch):
+    """Ten decoder blocks of a Llama (more than BLOCKS_FIRST): each block's seven linear layers quantized together
+    first (torchao's 8da4w, as ExecuTorch's targets quantize), then the layers of the two worst blocks and lm_head
+    one by one: 10 + 14 + 1 comparisons, not 71."""
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.stages import lm_layers
+
+    deep = random_lm({**LLAMA, "num_hidden_layers": 10, "hidden_size": 32, "intermediate_size": 64,
+                      "num_attention_heads": 2, "num_key_value_heads": 1})
+    monkeypatch.setattr(lm, "causal_lm", lambda source, checkpoint: copy.deepcopy(deep))  # no checkpoint file
+    config = SimpleNamespace(method="mobilebuild.routes.executorch.worker.lm_layers", model=None, precision="8da4w",
+                             max_context=32, group_size=32, exclude=None, prompt_lengths=[4], new_tokens=4,
+                             prompts=2, text=None, seed=0, top=5)
+    lm_layers.run({"checkpoint": None}, config, tmp_path / "layers.json")
+    found = json.loads((tmp_path / "layers.json").read_text())
+    assert "error" not in found, found
+    blocks = [row["name"] for row in found["blocks"]]
+    assert sorted(blocks) == sorted(f"model.layers.{index}" for index in range(10))
+    assert found["compared"] == 2 * 7 + 1
+    assert {lm_layers.block_of(row["name"]) for row in found["layers"]} <= {*blocks[:2], None}  # or lm_head
 
 
 @pytest.mark.slow
