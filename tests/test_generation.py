@@ -182,10 +182,23 @@ def test_onnxruntime_genai_packages_language_models_only_with_the_tokenizer_insi
     data["targets"][0]["quantize"] = {"exclude": ["lm_head"]}
     (line,) = _plan_problems(bpe, data)
     assert "quantize.exclude: onnxruntime-genai's model builder quantizes every MatMul" in line
+    del data["targets"][0]["quantize"], data["generate"]["tokenizer"]
+    (line,) = _plan_problems(bpe, data)
+    assert "generate.tokenizer: onnxruntime-genai's model folder carries the model's tokenizer.json" in line
     other = {"name": "m", "model": {"torchvision": "mobilenet_v2"}, "input": {"shape": [1, 3, 8, 8]},
              "targets": [{"backend": "onnx", "runtime": "onnxruntime-genai"}]}
     (line,) = _plan_problems(bpe, other)
     assert "targets[0].runtime: onnx (onnxruntime-genai) builds language models only" in line
+
+
+def test_a_vocabulary_as_large_as_a_projection_is_refused_for_onnxruntime_genais_builder():
+    """Its builder takes any linear layer with as many outputs as the vocabulary for the LM head."""
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.routes.onnx.worker import lm_genai
+
+    lm_genai.check_lm_head(random_lm({**LLAMA, "vocab_size": BPE_VOCAB}))  # projections of 16 to 64 outputs
+    with pytest.raises(MobileBuildError, match=r"would take model.layers.0.self_attn.q_proj \(32 outputs"):
+        lm_genai.check_lm_head(random_lm({**LLAMA, "vocab_size": 32}))  # the hidden size
 
 
 def test_a_litert_lm_bundle_needs_the_tokenizer_it_carries(bpe):

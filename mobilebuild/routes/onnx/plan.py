@@ -122,15 +122,16 @@ register(Route("onnx", "onnxruntime", ("fp32", "int8"), ("onnx",), ".onnx",
 
 
 def lm_genai(chain):
-    """onnxruntime-genai's model folder of the target's language model, its tokenizer inside where the recipe has a
-    tokenizer.json."""
+    """onnxruntime-genai's model folder of the target's language model, the recipe's tokenizer.json inside."""
     if chain.excluded:
         raise chain.error("onnxruntime-genai's model builder quantizes every MatMul it makes: leave quantize.exclude "
                           "out, or build with runtime onnxruntime", "quantize.exclude")
     tokenizer = chain.nodes.get(generation.TOKENIZER)
-    with_tokenizer = {"tokenizer": tokenizer} if tokenizer and tokenizer.output.endswith(".json") else {}
+    if tokenizer is None or not tokenizer.output.endswith(".json"):
+        raise chain.error("onnxruntime-genai's model folder carries the model's tokenizer.json (its builder fails "
+                          "without one): name it in generate.tokenizer", "generate.tokenizer")
     return chain.shipped("lm_genai", generation.export_config(chain),
-                         {"checkpoint": chain.nodes["checkpoint"], **with_tokenizer}, files=chain.source_files)
+                         {"checkpoint": chain.nodes["checkpoint"], "tokenizer": tokenizer}, files=chain.source_files)
 
 
 # A language model as onnxruntime-genai's model builder makes it for the CPU (worker side:
