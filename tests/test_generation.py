@@ -484,6 +484,7 @@ def test_a_litert_lm_bundle_generates_in_its_engine_as_eager_transformers_does(p
         assert {length: values["prompt_tokens"] for length, values in timed["runner"]["prompt_lengths"].items()} == \
             {"4": 5, "8": 9}  # the prompt's tokens and the start token
     bundle = project.artifact("lm/lm-xnnpack-litert-lm.litertlm")
+    assert not list(project.artifact("lm").glob("*cache*"))  # the engine's XNNPACK cache went to a scratch folder
     engine = litert_lm.Engine(str(bundle), backend=litert_lm.Backend.CPU(), max_num_tokens=32)
     text = Tokenizer(tokenizer).prompt(12)  # its tokens' text (a cut inside a token may be tokenized otherwise)
     assert engine.tokenize(text) == Tokenizer(tokenizer).encode(text)

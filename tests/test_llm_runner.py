@@ -176,3 +176,20 @@ def test_with_a_sentencepiece_model_the_runner_reads_prompts_of_the_prompt_lengt
     for length in ("16", "64"):
         assert found[length]["prompt_tokens"] == int(length) and found[length]["generated"] >= 1
         assert found[length]["tokens"] is None and found[length]["ttft_ms"] > 0
+
+
+@pytest.mark.slow
+def test_the_runners_tokenizer_covers_a_vocabulary_larger_than_the_tokenizers(tmp_path):
+    """A model of 4096 ids with a tokenizer of 320 (a model's vocabulary is often padded past its tokenizer's): the
+    random model generates ids the tokenizer lacks, which the runner decoded to other tokens' text (or invalid UTF-8);
+    with a placeholder for each, the runner's greedy tokens are the generator's."""
+    from mobilebuild.examples import pydoc_lm
+    from mobilebuild.worker import lm
+    from mobilebuild.worker.tokenizer import Tokenizer
+
+    tokenizer = pydoc_lm.bpe_tokenizer(tmp_path / "tokenizer.json", vocab_size=320)
+    program, generator = export_llm_program(tmp_path, 4096)
+    path, prompts = llm_runner.runner_tokenizer(tmp_path, tokenizer, [16], vocab=4096)
+    found = llm_runner.time_on_host(program, path, prompts, new_tokens=8, warmup=0, runs=1)
+    expected = lm.greedy(generator, torch.tensor([Tokenizer(tokenizer).encode(prompts[16])]), 8)[1]
+    assert max(expected) >= 320 and found["16"]["tokens"] == expected

@@ -25,7 +25,7 @@ import torch
 from mobilebuild import store
 from mobilebuild.plan import toolchain
 from mobilebuild.worker import measure_alone, progress, runtimes, timing
-from mobilebuild.worker.stages import bench
+from mobilebuild.worker.stages import bench, modeling
 
 GENERATOR = "its runtime's generator, a step at a time from Python"
 
@@ -40,6 +40,7 @@ def measure(spec):
         started = alone_since = time.perf_counter()
         generator = runtimes.load_generator(spec["path"], config, eager=eager)
         load_ms = (time.perf_counter() - started) * 1e3
+        vocab = generator.forward(torch.zeros(1, 1, dtype=torch.long), 0).shape[-1]
         # the decode steps are many per run: fewer runs than the bench stage's single forwards give as many samples
         runs = max(1, settings["iters"] // max(config.new_tokens, 1))
         found = timings({str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"],
@@ -47,12 +48,15 @@ def measure(spec):
         runner = runtimes.app_runner(config)
         refused = runner.refusal_for(generator, spec["tokenizer"]) if runner else None
         if runner and not refused:
-            found["runner"] = {"harness": runner.HARNESS, **timings(runner.host_timings(
-                spec["path"], spec["scratch"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs,
-                spec["tokenizer"]))}
+            try:
+                found["runner"] = {"harness": runner.HARNESS, **timings(runner.host_timings(
+                    spec["path"], spec["scratch"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs,
+                    spec["tokenizer"], vocab))}
+            except (RuntimeError, UnicodeDecodeError) as exc:  # the runner's failure, said; the generator's timing
+                refused = f"{runner.HARNESS} failed: {type(exc).__name__}: {modeling.first_line(exc)}"  # stands
     alone = time.perf_counter() - alone_since
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
-            "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
+            "vocab": vocab, "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
             "alone_s": alone, "isolation": measure_alone.isolation(settings["threads"])}
 
 
@@ -97,7 +101,8 @@ def run(inputs, config, output):
         result.update(bench.time_in_subprocess({"config": config, "path": str(artifact), "label": label,
                                                 "scratch": scratch, "tokenizer": tokenizer}, measure))
         if config.device:
-            result["device"] = on_device(artifact, scratch, config, result["runner_refused"], tokenizer)
+            result["device"] = on_device(artifact, scratch, config, result["runner_refused"], tokenizer,
+                                         result["vocab"])
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True)
     print(f"   {timings_line(result)}; peak RSS {result['peak_rss_mb']:.0f} MB ({result['harness']})")
@@ -115,13 +120,13 @@ def timings_line(found):
             "tokens/s")
 
 
-def on_device(artifact, scratch, config, refused, tokenizer):
+def on_device(artifact, scratch, config, refused, tokenizer, vocab):
     """The family's app runner on the selected device, where it times the artifact on the host too."""
     runner = runtimes.app_runner(config)
     if runner is None or refused:
         return {"status": "skipped", "reason": refused or f"{config.runtime} has no runner that apps embed"}
     return runner.device_timings(artifact, scratch, config.device, config.prompt_lengths, config.new_tokens,
-                                 tokenizer)
+                                 tokenizer, vocab)
 
 
 def device_line(found):
@@ -129,3 +134,4 @@ def device_line(found):
         return f"not measured on a device ({found['status']}: {found['reason']})"
     return "; ".join(f"prompt {length}: TTFT {values['ttft_ms']} ms, decode {values['decode_ms_per_token']} ms/token"
                      for length, values in found["prompt_lengths"].items()) + f" on {found['serial']}"
+

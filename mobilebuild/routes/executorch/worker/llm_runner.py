@@ -34,6 +34,7 @@ LLAMA_MAIN = f"{device.REMOTE_DIR}/llama_main"
 # how ExecuTorch's examples/models/llama/README.md builds llama_main for Android, and where
 BUILD_LLAMA_MAIN = ("in an ExecuTorch checkout as its examples/models/llama/README.md builds it for Android",
                     "cmake-out-android/examples/models/llama/llama_main")
+PLACEHOLDER = "<|mobilebuild id {}|>"  # the runner's tokenizer's entry for an id of the model the tokenizer lacks
 RUNNER_LOG = (b"[", b"I ", b"W ", b"E ")  # its log lines' starts (ExecuTorch's, its tokenizers')
 OBSERVER = re.compile(r"PyTorchObserver (\{.*\})")
 
@@ -55,25 +56,28 @@ def refusal_for(generator, tokenizer=None):
     return refusal(getattr(generator, "method_names", ()), vocab, tokenizer)
 
 
-def host_timings(pte_path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None):
-    """time_on_host with the recipe's tokenizer (else the byte-level one), its runner's copy written in
-    `scratch`."""
-    path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths)
+def host_timings(pte_path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None, vocab=None):
+    """time_on_host with the recipe's tokenizer (else the byte-level one), its runner's copy written in `scratch`
+    (`vocab`: the model's vocabulary's size, see runner_tokenizer)."""
+    path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths, vocab)
     return time_on_host(pte_path, path, prompts, new_tokens, warmup, runs)
 
 
-def device_timings(pte_path, scratch, device_settings, prompt_lengths, new_tokens, tokenizer=None):
+def device_timings(pte_path, scratch, device_settings, prompt_lengths, new_tokens, tokenizer=None, vocab=None):
     """time_on_device on benchmark.device's device, with the tokenizer host_timings gives the runner."""
-    path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths)
+    path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths, vocab)
     return time_on_device(pte_path, path, serial=device_settings["serial"], prompts=prompts,
                           new_tokens=new_tokens, binary=device_settings["binary"])
 
 
-def runner_tokenizer(scratch, tokenizer, prompt_lengths):
+def runner_tokenizer(scratch, tokenizer, prompt_lengths, vocab=None):
     """(the tokenizer file the runner loads, {prompt length: its text}): the recipe's, or for a byte-level model
     without one a byte-level tokenizer.json. A tokenizer.json is given to it without its decoder: the binding hands
     each token to Python as a str, and a random model's tokens decode to bytes that are no valid UTF-8
-    (UnicodeDecodeError); each token is then its vocabulary entry."""
+    (UnicodeDecodeError); each token is then its vocabulary entry. And with a placeholder entry for each id of the
+    model's vocabulary (`vocab` ids) it lacks: a model's vocabulary is often larger than its tokenizer's (padded), and
+    an id the runner's tokenizer does not have decoded to another token's text or, on a 135M-parameter Llama of 49152
+    ids with a tokenizer of 8813, to invalid UTF-8."""
     if tokenizer is None:
         tokenizer = recipe_tokenizer.byte_level(Path(scratch) / "bytes-tokenizer.json")
     found = recipe_tokenizer.Tokenizer(tokenizer)
@@ -83,6 +87,10 @@ def runner_tokenizer(scratch, tokenizer, prompt_lengths):
     path = Path(scratch) / "runner-tokenizer.json"
     document = json.loads(Path(tokenizer).read_text())
     document["decoder"] = None
+    entries = document["model"].get("vocab")
+    if vocab and isinstance(entries, dict):
+        held = set(entries.values()) | {added["id"] for added in document.get("added_tokens") or ()}
+        entries.update({PLACEHOLDER.format(index): index for index in range(vocab) if index not in held})
     path.write_text(json.dumps(document))
     return path, prompts
 

@@ -42,7 +42,7 @@ def refusal_for(generator, tokenizer=None):
     return None
 
 
-def host_timings(path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None):
+def host_timings(path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None, vocab=None):
     """{length: {ttft_ms, decode_ms_per_token, runs, generated, prompt_tokens}}: LiteRT-LM's engine on the CPU,
     a new session per run (no prompt template, greedy), the prompt's text prefilled (the engine adds the start token)
     and `new_tokens` decoded; its own benchmark figures, medians over `runs` after `warmup`."""
@@ -50,8 +50,10 @@ def host_timings(path, scratch, prompt_lengths, new_tokens, warmup, runs, tokeni
 
     prompts = {length: recipe_tokenizer.Tokenizer(tokenizer).prompt(length) for length in prompt_lengths}
     with _engine_quiet():
+        # cache_dir: its XNNPACK weight cache (the size of the model) goes to the scratch folder, not beside the
+        # artifact, where it wrote it otherwise
         engine = litert_lm.Engine(str(path), backend=litert_lm.Backend.CPU(), enable_benchmark=True,
-                                  max_num_tokens=max(prompt_lengths) + new_tokens + 1)
+                                  max_num_tokens=max(prompt_lengths) + new_tokens + 1, cache_dir=str(scratch))
     found = {}
     for length, prompt in prompts.items():
         if prompt is None:

@@ -59,7 +59,7 @@ def refusal_for(generator, tokenizer=None):
     return None
 
 
-def host_timings(path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None):
+def host_timings(path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None, vocab=None):
     """{length: {ttft_ms, decode_ms_per_token, runs, generated, tokens}}: the prompt appended, then
     generate_next_token (the engine's own greedy choice and step) until the new tokens are made; the first token's
     time from the prompt's append, the rest the decode steps."""
