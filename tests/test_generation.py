@@ -408,6 +408,28 @@ def test_a_language_model_with_its_tokenizer_is_verified_on_text_and_timed_by_th
     assert rebuilt <= {"tokenizer", "lm_verify", "lm_bench", "verified", "manifest", "plot"} and "tokenizer" in rebuilt
 
 
+def build_for_an_engine(project, targets, harness):
+    """A tiny Llama of a BPE tokenizer's vocabulary (its tokenizer.json beside the recipe) built for `targets`, each
+    verified and timed by the engine whose HARNESS starts with `harness`; {target: its bench result}, the tokenizer's
+    path."""
+    from mobilebuild.examples import pydoc_lm
+
+    tokenizer = pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB)
+    data = lm_recipe(tokenizer="tokenizer.json", text="mobilebuild.examples.pydoc_lm:heldout_text")
+    data["model"]["config"] = {**LLAMA, "vocab_size": BPE_VOCAB}
+    data["targets"] = targets
+    project.write_recipe(data)
+    project.doit()
+    timed = {}
+    for target in (entry["name"] if "name" in entry else f"{entry['backend']}-{entry['runtime']}" for entry in targets):
+        verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
+        assert verified["status"] == "passed", verified
+        timed[target] = json.loads(project.artifact(f"lm/bench-{target}.json").read_text())
+        assert timed[target]["runner"]["harness"].startswith(harness)
+        assert timed[target]["runner"]["decode_tokens_per_s"] > 0
+    return timed, tokenizer
+
+
 @pytest.mark.slow
 def test_onnxruntime_genais_model_folder_generates_in_its_own_engine_as_eager_transformers_does(project):
     """fp32 and int4 model folders made by onnxruntime-genai's builder: verified, timed by the engine's own loop, and
@@ -420,18 +442,10 @@ def test_onnxruntime_genais_model_folder_generates_in_its_own_engine_as_eager_tr
     from mobilebuild.examples import pydoc_lm
     from mobilebuild.worker.tokenizer import Tokenizer
 
-    pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB)
-    data = lm_recipe(tokenizer="tokenizer.json", text="mobilebuild.examples.pydoc_lm:heldout_text")
-    data["model"]["config"] = {**LLAMA, "vocab_size": BPE_VOCAB}
-    data["targets"] = [{"backend": "onnx", "runtime": "onnxruntime-genai"},
-                       {"backend": "onnx", "runtime": "onnxruntime-genai", "precision": "int4", "name": "genai-int4"}]
-    project.write_recipe(data)
-    project.doit()
-    for target in ("onnx-onnxruntime-genai", "genai-int4"):
-        verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
-        assert verified["status"] == "passed", verified
-        timed = json.loads(project.artifact(f"lm/bench-{target}.json").read_text())
-        assert timed["runner"]["harness"].startswith("onnxruntime-genai") and timed["runner"]["decode_tokens_per_s"] > 0
+    build_for_an_engine(project, [
+        {"backend": "onnx", "runtime": "onnxruntime-genai"},
+        {"backend": "onnx", "runtime": "onnxruntime-genai", "precision": "int4", "name": "genai-int4"}],
+        "onnxruntime-genai")
     packaged = project.artifact("lm/lm-onnx-onnxruntime-genai.zip")
     folder = project.root / "unpacked"
     with zipfile.ZipFile(packaged) as archive:
@@ -466,22 +480,13 @@ def test_a_litert_lm_bundle_generates_in_its_engine_as_eager_transformers_does(p
     bytes from a second build (LiteRT-LM's builder stamps a random uuid and the time: made reproducible here)."""
     import litert_lm
 
-    from mobilebuild.examples import pydoc_lm
     from mobilebuild.worker.tokenizer import Tokenizer
 
-    tokenizer = pydoc_lm.bpe_tokenizer(project.root / "recipes" / "tokenizer.json", vocab_size=BPE_VOCAB)
-    data = lm_recipe(tokenizer="tokenizer.json", text="mobilebuild.examples.pydoc_lm:heldout_text")
-    data["model"]["config"] = {**LLAMA, "vocab_size": BPE_VOCAB}
-    data["targets"] = [{"backend": "xnnpack", "runtime": "litert-lm"},
-                       {"backend": "xnnpack", "runtime": "litert-lm", "precision": "int8", "name": "litertlm-int8"}]
-    project.write_recipe(data)
-    project.doit()
-    for target in ("xnnpack-litert-lm", "litertlm-int8"):
-        verified = json.loads(project.artifact(f"lm/verify-{target}.json").read_text())
-        assert verified["status"] == "passed", verified
-        timed = json.loads(project.artifact(f"lm/bench-{target}.json").read_text())
-        assert timed["runner"]["harness"].startswith("LiteRT-LM") and timed["runner"]["decode_tokens_per_s"] > 0
-        assert {length: values["prompt_tokens"] for length, values in timed["runner"]["prompt_lengths"].items()} == \
+    timed, tokenizer = build_for_an_engine(project, [
+        {"backend": "xnnpack", "runtime": "litert-lm"},
+        {"backend": "xnnpack", "runtime": "litert-lm", "precision": "int8", "name": "litertlm-int8"}], "LiteRT-LM")
+    for result in timed.values():
+        assert {length: values["prompt_tokens"] for length, values in result["runner"]["prompt_lengths"].items()} == \
             {"4": 5, "8": 9}  # the prompt's tokens and the start token
     bundle = project.artifact("lm/lm-xnnpack-litert-lm.litertlm")
     assert not list(project.artifact("lm").glob("*cache*"))  # the engine's XNNPACK cache went to a scratch folder

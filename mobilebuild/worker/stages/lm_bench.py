@@ -46,7 +46,7 @@ def measure(spec):
         found = timings({str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"],
                                                         runs) for length in config.prompt_lengths})
         runner = runtimes.app_runner(config)
-        refused = runner.refusal_for(generator, spec["tokenizer"]) if runner else None
+        refused = runner.refusal_for(generator, spec["tokenizer"], vocab) if runner else None
         if runner and not refused:
             try:
                 found["runner"] = {"harness": runner.HARNESS, **timings(runner.host_timings(
@@ -134,4 +134,3 @@ def device_line(found):
         return f"not measured on a device ({found['status']}: {found['reason']})"
     return "; ".join(f"prompt {length}: TTFT {values['ttft_ms']} ms, decode {values['decode_ms_per_token']} ms/token"
                      for length, values in found["prompt_lengths"].items()) + f" on {found['serial']}"
-

@@ -83,8 +83,8 @@ def decoder_blocks(layers):
     """{decoder block path: its layers' module paths}, in the model's order."""
     found = {}
     for name, _ in layers:
-        if block_of(name):
-            found.setdefault(block_of(name), []).append(name)
+        if block := block_of(name):
+            found.setdefault(block, []).append(name)
     return found
 
 

@@ -19,8 +19,6 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 from mobilebuild.routes.executorch.worker import export_llm
 from mobilebuild.worker import device, quiet
 from mobilebuild.worker import tokenizer as recipe_tokenizer
@@ -49,10 +47,9 @@ def refusal(program_methods, vocab, tokenizer=None):
     return None
 
 
-def refusal_for(generator, tokenizer=None):
-    """Why the runner does not time the artifact `generator` runs (worker/lm.py), or None: it does. An ExecuTorch
-    generator names its program's methods."""
-    vocab = generator.forward(torch.zeros(1, 1, dtype=torch.long), 0).shape[-1]
+def refusal_for(generator, tokenizer, vocab):
+    """Why the runner does not time the artifact `generator` runs (worker/lm.py), of `vocab` token ids, or None: it
+    does. An ExecuTorch generator names its program's methods."""
     return refusal(getattr(generator, "method_names", ()), vocab, tokenizer)
 
 

@@ -37,7 +37,7 @@ def generator(path, config):
 
 # --- the app's engine, lm_bench's runner (worker/runtimes: app_runner) -----------------------------------------------
 
-def refusal_for(generator, tokenizer=None):
+def refusal_for(generator, tokenizer, vocab):
     """The bundle carries its tokenizer: the engine times every one."""
     return None
 

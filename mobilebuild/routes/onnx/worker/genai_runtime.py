@@ -54,7 +54,7 @@ def generator(path, config):
 
 # --- the app's loop, lm_bench's runner (worker/runtimes: app_runner) -------------------------------------------------
 
-def refusal_for(generator, tokenizer=None):
+def refusal_for(generator, tokenizer, vocab):
     """The engine takes token ids: it times every model."""
     return None
 
