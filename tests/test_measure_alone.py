@@ -3,6 +3,7 @@ flock locks, held by real processes."""
 
 import multiprocessing
 import os
+import subprocess
 import tempfile
 import threading
 import time
@@ -21,15 +22,20 @@ def private_lock_folder(tmp_path, monkeypatch):
     # the reserved core set it themselves
     monkeypatch.setenv(measure_alone.POLICY, "alone")
     monkeypatch.delenv(measure_alone.RESERVED, raising=False)
+    monkeypatch.setenv(measure_alone.PATIENCE, str(10 * WAIT))  # a measurement waits: the tests of clearing set less
 
 
-def _hold(kind, entered, release, folder):
+def _hold(kind, entered, release, folder, child):
     tempfile.tempdir = folder  # the test's own lock folder: a fresh process (spawn) has not its monkeypatch
     section = measure_alone.measuring_alone("model") if kind == "measure" else measure_alone.stage_running(
         "quantize:other")
     with section:
+        below = subprocess.Popen(["sleep", str(WAIT)])  # a process the stage started: a compiler, say
+        child.value = below.pid
         entered.set()
         release.wait(WAIT)
+        below.kill()
+        below.wait()
 
 
 class Holder:
@@ -38,8 +44,9 @@ class Holder:
     def __init__(self, kind):
         # not "fork": this process may have imported JAX (litert-torch), which deadlocks a forked child
         context = multiprocessing.get_context("spawn")
-        self.entered, self.release = context.Event(), context.Event()
-        self.process = context.Process(target=_hold, args=(kind, self.entered, self.release, tempfile.gettempdir()))
+        self.entered, self.release, self.child = context.Event(), context.Event(), context.Value("i", 0)
+        self.process = context.Process(target=_hold, args=(kind, self.entered, self.release, tempfile.gettempdir(),
+                                                           self.child))
         self.process.start()
 
     def done(self):
@@ -69,7 +76,8 @@ def test_a_measurement_waits_for_running_stages_and_holds_off_new_ones(capfd):
     assert stage.entered.wait(WAIT)
     measurement = Holder("measure")
     printed = _printed(capfd, "waiting")
-    assert "model: waiting for running stages to finish (benchmarks measure alone): quantize:other in " in printed
+    assert "model: waiting for running stages to finish (benchmarks measure alone, 600 s at most): quantize:other in " \
+        in printed
     assert f"(pid {stage.process.pid})" in printed  # which process, in which checkout: perhaps another build's
     assert not measurement.entered.is_set()  # it cannot be inside while the stage runs
     late_stage = Holder("stage")  # arrives while the measurement waits: it must not overtake it
@@ -164,7 +172,7 @@ def test_a_reserved_core_measures_beside_running_stages_which_keep_off_it(reserv
     # a measurement of several threads cannot fit the one core: it measures alone, as below RESERVE_FROM cores
     with measure_alone.measuring_alone("model", threads=2):
         assert os.sched_getaffinity(0) == before - {reserved}
-    assert measure_alone.isolation(threads=2) == {"policy": "alone"}
+    assert measure_alone.isolation() == {"policy": "alone"}
 
 
 def test_measurements_on_the_reserved_core_take_turns(reserved, capfd):
@@ -175,3 +183,70 @@ def test_measurements_on_the_reserved_core_take_turns(reserved, capfd):
         assert measurement.release.is_set()  # the core was the other measurement's until it was released
     measurement.done()
     assert f"mine: waiting for the measurement on core {reserved} to end" in capfd.readouterr().err
+
+
+@pytest.fixture
+def impatient(monkeypatch):
+    """A measurement that waits half a second for running stages, then clears a core of them; the test process's
+    affinity put back after."""
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("clearing a core needs another for the stages")
+    monkeypatch.setenv(measure_alone.PATIENCE, "0.5")
+    yield max(before)
+    measure_alone._pinned(before)
+
+
+def test_a_measurement_clears_a_core_of_stages_that_run_past_its_patience(impatient, capfd):
+    stage = Holder("stage")
+    assert stage.entered.wait(WAIT)
+    usable = os.sched_getaffinity(stage.process.pid)
+    with measure_alone.measuring_alone("model") as waited:  # the stage still runs
+        assert 0.4 <= waited < WAIT
+        assert stage.process.is_alive()
+        assert os.sched_getaffinity(0) == {impatient}
+        assert os.sched_getaffinity(stage.process.pid) == usable - {impatient}  # it goes on on the others
+        assert os.sched_getaffinity(stage.child.value) == usable - {impatient}  # and so does what it started
+    assert os.sched_getaffinity(stage.process.pid) == usable  # the core given back
+    assert measure_alone.isolation() == {"policy": "cleared core", "core": impatient, "cores": [impatient],
+                                         "stages": 1}
+    printed = capfd.readouterr().err
+    assert "model: waiting for running stages to finish (benchmarks measure alone, 0 s at most)" in printed
+    assert "model: measuring on a core cleared of the stages running past 0 s, which go on on the other cores: " \
+        "quantize:other in " in printed
+    stage.done()
+
+
+def test_a_stage_that_has_run_past_the_patience_is_not_waited_for(impatient):
+    stage = Holder("stage")
+    assert stage.entered.wait(WAIT)
+    time.sleep(1)  # it runs long already: a measurement would wait for it in vain
+    with measure_alone.measuring_alone("model") as waited:
+        assert waited < 0.4
+        assert stage.process.is_alive()
+    assert measure_alone.isolation()["policy"] == "cleared core"
+    stage.done()
+
+
+def test_stages_do_not_wait_behind_a_measurement_for_longer_than_its_patience(impatient):
+    long_stage = Holder("stage")
+    assert long_stage.entered.wait(WAIT)
+    measurement = Holder("measure")  # waits for the long stage, holding off new ones: half a second at most
+    late = Holder("stage")
+    assert measurement.entered.wait(WAIT) and late.entered.wait(WAIT)
+    assert long_stage.process.is_alive()
+    assert impatient not in os.sched_getaffinity(late.process.pid)  # it started off the cleared core
+    late.done()
+    measurement.done()
+    long_stage.done()
+
+
+def test_a_measurement_of_as_many_threads_as_cores_still_waits_alone(impatient):
+    stage = Holder("stage")
+    assert stage.entered.wait(WAIT)
+    threading.Timer(1.5, stage.release.set).start()
+    with measure_alone.measuring_alone("model", threads=len(os.sched_getaffinity(0))) as waited:
+        assert waited >= 1.0  # past its patience: no core to clear, it waited for the stage
+        assert not stage.process.is_alive() or stage.release.is_set()
+    assert measure_alone.isolation() == {"policy": "alone"}
+    stage.done()

@@ -383,3 +383,12 @@ def test_a_row_timed_only_by_another_harness_is_not_ranked_against_the_others():
             "them." in section.recommendation)
     assert f"timed by (et): {RUNNER}" in section.notes
     assert report_data.RUNNER not in dict(section.generation.groups())  # no runner columns: no row has them beside
+
+
+def test_the_latency_note_says_how_each_timing_was_kept_apart_from_the_stages():
+    assert report_data._isolation({"isolation": {"policy": "alone"}}) == ", with no other stage running"
+    assert report_data._isolation({"isolation": {"policy": "reserved core", "core": 15}}) == (
+        ", on core 15 set aside for measuring (stages ran on the others)")
+    assert report_data._isolation({"isolation": {"policy": "cleared core", "core": 1, "cores": [1], "stages": 2}}) == (
+        ", on core 1 cleared of the 2 stage(s) still running after the wait for them (they went on on the others)")
+    assert report_data._isolation({}) == ""  # a result from before timings recorded it

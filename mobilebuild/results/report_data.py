@@ -612,6 +612,10 @@ def _isolation(benchmark):
     taken = _dict(benchmark.get("isolation"))
     if taken.get("policy") == "reserved core":
         return f", on core {_text(taken.get('core'))} set aside for measuring (stages ran on the others)"
+    if taken.get("policy") == "cleared core":
+        cores = ", ".join(_text(core) for core in taken.get("cores") or [taken.get("core")])
+        return (f", on core {cores} cleared of the {_text(taken.get('stages'))} stage(s) still running after the "
+                "wait for them (they went on on the others)")
     return ", with no other stage running" if taken else ""
 
 

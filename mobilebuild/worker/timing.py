@@ -86,5 +86,5 @@ def measure(spec):
         "threads": torch.get_num_threads(),
         "waited_for_stages_s": waited,  # how the number was taken: alone, after waiting this long for that
         "alone_s": alone,  # how long it held the host alone: what a build's replay charges a measurement
-        "isolation": measure_alone.isolation(timing["threads"]),
+        "isolation": measure_alone.isolation(),
     }

@@ -57,7 +57,7 @@ def measure(spec):
     alone = time.perf_counter() - alone_since
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
             "vocab": vocab, "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
-            "alone_s": alone, "isolation": measure_alone.isolation(settings["threads"])}
+            "alone_s": alone, "isolation": measure_alone.isolation()}
 
 
 def timings(per_length):
