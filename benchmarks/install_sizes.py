@@ -15,7 +15,7 @@ from importlib import metadata
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-EXTRAS = ("executorch", "onnx", "litert", "hub", "dask", "all")
+EXTRAS = ("executorch", "onnx", "litert", "ncnn", "hub", "dask", "all")
 
 
 def requirements(name, extras=()):

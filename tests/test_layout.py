@@ -312,7 +312,7 @@ def test_the_stage_code_digest_reads_every_worker_side_module():
 # The packages only an extra installs (pyproject.toml): the core install has none of them
 OPTIONAL = {"executorch", "torchao", "coremltools", "onnx", "onnxscript", "onnxruntime", "onnx_ir", "litert_torch",
             "ai_edge_litert", "ai_edge_quantizer", "jax", "jaxlib", "timm", "transformers", "tokenizers", "dask",
-            "distributed"}
+            "distributed", "ncnn", "pnnx"}
 
 
 def import_time_imports(source):

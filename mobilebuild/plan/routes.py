@@ -73,6 +73,8 @@ class Runtime:
     arm64: Arm64 | None = None  # how its artifacts run on emulated ARM CPUs; None: they do not
     # the extra of mobilebuild that installs `packages` (pip install 'mobilebuild[extra]'); None: the core install
     extra: str | None = None
+    # why its host timings are not ranked against the others' (a software GPU driver's): shown, left out of "Ship"
+    unranked: str | None = None
 
 
 @dataclass(frozen=True)

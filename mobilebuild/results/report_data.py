@@ -507,6 +507,12 @@ def _other_harness(row, harness):
     return f"timed by {found}, the others by {harness}: not ranked against them"
 
 
+def _unranked(row):
+    """Why its route's host timings are no candidate's (ncnn's Vulkan path on a software driver), or None."""
+    route = routes.get(row.backend, row.runtime)
+    return route.runs_in.unranked if route is not None else None
+
+
 def recommend(rows):
     """Lines that answer "which artifact do I ship?": the fastest host-verified artifact that passes the default
     thresholds, the best of each runtime family, what is faster but left out (and why), what only a device can
@@ -516,7 +522,8 @@ def recommend(rows):
     if not targets:
         return []
     harness = _get(eager.benchmark, "harness")
-    why = {row.label: shortfall(row) or _other_harness(row, harness) for row in targets}  # None: a candidate
+    why = {row.label: shortfall(row) or _other_harness(row, harness) or _unranked(row)
+           for row in targets}  # None: a candidate
     candidates = sorted((row for row in targets if why[row.label] is None), key=lambda row: row.median_ms)
     lines = []
     if candidates:

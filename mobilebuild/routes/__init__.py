@@ -12,5 +12,6 @@ from mobilebuild.routes.nnapi import plan as nnapi
 from mobilebuild.routes.executorch import plan as executorch
 from mobilebuild.routes.onnx import plan as onnx
 from mobilebuild.routes.litert import plan as litert
+from mobilebuild.routes.ncnn import plan as ncnn
 
-__all__ = ["executorch", "litert", "nnapi", "onnx", "torchscript"]
+__all__ = ["executorch", "litert", "ncnn", "nnapi", "onnx", "torchscript"]

@@ -1,0 +1,1 @@
+"""The ncnn family's worker half: its stage (pnnx's conversion) and host runtime (torch here)."""

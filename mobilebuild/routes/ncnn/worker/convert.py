@@ -1,0 +1,167 @@
+"""ncnn: the fused float model to ncnn's .param and .bin, converted by pnnx (ncnn's PyTorch converter), shipped as one
+zip.
+
+The model is traced (torch.jit.trace, at the example's sizes with a batch of one: ncnn's blobs have no batch axis,
+and the runtime feeds a batch one sample at a time) with its outputs as a flat tuple (a transformers model returns a
+dict, which the tracer refuses), saved as TorchScript in a scratch folder, and converted there by the pnnx binary
+itself. Its Python wrapper (pnnx.convert) ignores the binary's exit code, lets its 35-55 lines of log through to the
+build's stderr, drops fp16=0 on its shapes-only path and imports the Python file it generates, which is not always
+valid Python (`self.0 = ...` for an nn.Sequential). Here the log is captured: on failure the build gets one line
+naming pnnx with its last line that says something, and the node's log gets all of it. pnnx's own side files
+(its .pnnx.param, .pnnx.bin, .pnnx.onnx, the generated Python) stay in the scratch folder.
+
+A model pnnx converts only in part keeps the operations it could not map as layers ncnn has no kernel for
+(`pnnx.Expression`, `aten::argsort`, `torch.fft.rfft`): they are named in one line. The converted model is then
+loaded and run once on ncnn's CPU path, on the example's first sample.
+
+pnnx's output is byte-identical from run to run; the zip holds model.ncnn.param and model.ncnn.bin, sorted, stored,
+with fixed times and modes (as lm_genai's), so the same conversion gives the same bytes.
+"""
+
+import collections
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.ncnn.worker import runtime
+from mobilebuild.worker import capture_root, failures, outputs, progress
+from mobilebuild.worker.stages import fuse, modeling
+
+PARAM, BIN = runtime.PARAM, runtime.BIN
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: no build time in the bytes
+# pnnx's input type suffixes (inputshape=[1,3,224,224]f32,[1,16]i64)
+TYPES = {torch.float32: "f32", torch.float16: "f16", torch.float64: "f64", torch.int64: "i64", torch.int32: "i32",
+         torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "u8"}
+# Log lines that say nothing about a failure: pnnx's pass banners and its closing statistics
+NOT_SAYING = ("#####", "inputshape", "model inputshape", "FLOPS", "memory OPS", "pnnxparam", "pnnxbin", "pnnxpy",
+              "pnnxonnx", "ncnnparam", "ncnnbin", "ncnnpy", "fp16", "optlevel", "device", "inputshape2", "customop",
+              "moduleop", "get inline")
+OUTSIDE_NCNN = "the operations pnnx left unconverted"
+
+
+def pnnx_binary():
+    import pnnx
+
+    return Path(pnnx.__file__).resolve().parent / "pnnx"
+
+
+class Flat(torch.nn.Module):
+    """The model with its outputs as a flat tuple of tensors, in the order verification names them
+    (worker.outputs.leaves): ncnn's out0, out1... A model's dict (a transformers output) or nested structure traces
+    as such."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        return tuple(value for _, value in outputs.leaves(self.model(*inputs)))
+
+
+def examples_of(specs):
+    """The example inputs with a batch of one, as ncnn's blobs take each sample."""
+    return tuple(x[:1].contiguous() for x in modeling.example_inputs(specs))
+
+
+def input_shapes(examples):
+    """pnnx's inputshape= value: each input's shape and type."""
+    return ",".join(f"[{','.join(str(int(n)) for n in x.shape)}]{TYPES[x.dtype]}" for x in examples)
+
+
+def trace(model, examples, path):
+    """The model traced with flat outputs, saved as TorchScript at `path`."""
+    flat = Flat(model).eval()
+    with torch.no_grad():
+        produced = outputs.leaves(model(*examples))
+        if not produced:
+            raise MobileBuildError("the model returns no tensor: ncnn's outputs are tensors", field="model")
+        held = outputs.held_objects(model, examples)
+        if held:
+            raise MobileBuildError(f"the model returns {held}: pnnx converts a traced model, whose outputs are "
+                                   f"tensors: {outputs.object_advice(held)}", field="model")
+        try:
+            traced = torch.jit.trace(flat, examples, check_trace=False)
+        except Exception as exc:  # the tracer raises many types
+            raise MobileBuildError(f"torch.jit.trace failed ({modeling.first_line(exc)}); pnnx converts a traced "
+                                   "model: forward must record tensor operations only", field="model") from None
+    traced.save(str(path))
+    return [name for name, _ in produced]
+
+
+def last_saying(log):
+    """The last line of pnnx's log that says something (not a pass banner or its closing statistics)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    saying = [line for line in lines if not line.startswith(NOT_SAYING)]
+    return (saying or lines or ["no output"])[-1]
+
+
+def convert(traced, folder, examples, weights):
+    """pnnx on the TorchScript file `traced`, writing everything into `folder`: (the .param, the .bin)."""
+    folder = Path(folder)
+    param, binary = folder / PARAM, folder / BIN
+    argv = [str(pnnx_binary()), str(traced), f"inputshape={input_shapes(examples)}",
+            f"fp16={int(weights == 'fp16')}", "optlevel=2", "device=cpu",
+            f"pnnxparam={folder / 'model.pnnx.param'}", f"pnnxbin={folder / 'model.pnnx.bin'}",
+            f"pnnxpy={folder / 'model_pnnx.py'}", f"pnnxonnx={folder / 'model.pnnx.onnx'}",
+            f"ncnnparam={param}", f"ncnnbin={binary}", f"ncnnpy={folder / 'model_ncnn.py'}"]
+    ran = subprocess.run(argv, capture_output=True, text=True, cwd=folder)
+    if ran.returncode != 0 or not (param.is_file() and binary.is_file()):
+        what = (f"exit {ran.returncode}" if ran.returncode >= 0 else f"signal {-ran.returncode}") \
+            if ran.returncode != 0 else "no .param and .bin written"
+        raise failures.Failed({"raised_by": "pnnx", "part": None,
+                               "error": f"{last_saying(ran.stderr + ran.stdout)} ({what})",
+                               "traceback": f"$ {' '.join(argv)}\n{ran.stdout}\n{ran.stderr}"})
+    return param, binary
+
+
+def unconverted(param_text):
+    """{layer type: count} of the .param's layers ncnn has no kernel for: operations pnnx could not map."""
+    import ncnn
+
+    found = collections.Counter()
+    for line in param_text.splitlines()[2:]:
+        kind = line.split(maxsplit=1)[0] if line.strip() else None
+        if kind and ncnn.layer_to_index(kind) < 0:
+            found[kind] += 1
+    return dict(found)
+
+
+def check_converted(param, names):
+    left = unconverted(param.read_text())
+    if left:
+        kinds = ", ".join(f"{kind}" + (f" ({count})" if count > 1 else "") for kind, count in left.items())
+        raise MobileBuildError(f"pnnx could not convert every operation to an ncnn layer: {kinds} left as layers "
+                               "ncnn has no kernel for; replace them in the model, or choose a target whose runtime "
+                               "has them (onnx, executorch)", field="model")
+    blobs = runtime.output_blobs(param.read_text())
+    if len(blobs) != len(names):
+        raise MobileBuildError(f"pnnx wrote {len(blobs)} output blob(s) for the model's {len(names)} output tensor(s) "
+                               f"({', '.join(names)})", field="model")
+
+
+def write_zip(files, output):
+    """The files in one zip under their own names, sorted, stored, with fixed times and modes: the same files give
+    the same bytes."""
+    with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_STORED) as archive:
+        for path in sorted(files, key=lambda p: Path(p).name):
+            entry = zipfile.ZipInfo(Path(path).name, date_time=FIXED_TIME)
+            entry.external_attr = 0o644 << 16
+            archive.writestr(entry, Path(path).read_bytes())
+
+
+def run(inputs, config, output):
+    model = capture_root.nested(fuse.load(inputs["model"], config), len(config.inputs))
+    examples = examples_of(config.inputs)
+    with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as scratch:
+        traced = Path(scratch, "model.pt")
+        names = trace(model, examples, traced)
+        progress.note(f"pnnx ({config.weights} weights)")
+        param, binary = convert(traced, scratch, examples, config.weights)
+        check_converted(param, names)
+        write_zip([param, binary], output)
+    # it loads and runs on ncnn's CPU path, the example's first sample
+    runtime.load(output, None)(*examples)

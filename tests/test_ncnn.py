@@ -1,0 +1,283 @@
+"""The ncnn route family: pnnx's conversion of the fused model (the ncnn stage) and ncnn's runtime, on its CPU path
+and its Vulkan compute path (Mesa's llvmpipe where the host has no GPU)."""
+
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import tiny_models
+import torch
+from torch import nn
+
+from mobilebuild.errors import MobileBuildError
+from mobilebuild.plan import routes
+from mobilebuild.routes.ncnn import plan as ncnn_route
+from mobilebuild.routes.ncnn.plan import CPU_RUNTIME, VULKAN_RUNTIME, ConvertConfig
+from mobilebuild.routes.ncnn.worker import convert, runtime
+from mobilebuild.worker import failures, reproducible
+from mobilebuild.worker.metrics import sqnr_db
+from mobilebuild.worker.stages import fuse, modeling
+
+ncnn = pytest.importorskip("ncnn")
+
+IMAGE = {"name": "input", "shape": [1, 3, 16, 16], "dtype": "float32", "memory_format": "contiguous"}
+FP32_DB = 60.0
+FP16_DB = 40.0
+VULKAN_DB = 40.0  # fp16 storage and arithmetic, as on a phone GPU
+
+
+def spec(name, shape, dtype="float32", **extra):
+    return {"name": name, "shape": shape, "dtype": dtype, "memory_format": "contiguous", **extra}
+
+
+class ConvNet(nn.Module):
+    """Conv-BN-ReLU twice, global pooling and a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+def conv_net():
+    torch.manual_seed(0)
+    return tiny_models.randomize_batchnorm(ConvNet())
+
+
+def mlp():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+
+
+class TwoInputs(nn.Module):
+    """An image and token ids in, two outputs in a dict (as a transformers model returns them)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+        self.embed = nn.Embedding(50, 8)
+
+    def forward(self, image, ids):
+        pooled = self.conv(image).mean((2, 3))
+        return {"score": pooled + self.embed(ids).mean(1), "tokens": self.embed(ids)}
+
+
+def two_inputs():
+    return TwoInputs().eval()
+
+
+class Unconvertible(nn.Module):
+    def forward(self, x):
+        return torch.linalg.inv(x)  # pnnx's own libtorch has no LAPACK: the binary aborts
+
+
+def unconvertible():
+    return Unconvertible().eval()
+
+
+class Argsort(nn.Module):
+    def forward(self, x):
+        return torch.argsort(x, 1).float()  # pnnx converts it, to a layer ncnn has no kernel for
+
+
+def argsort():
+    return Argsort().eval()
+
+
+def to_ncnn(factory, specs, folder, name="model", weights="fp32"):
+    """The ncnn stage on `factory`'s model, fused and stored as the fuse stage stores it: (the zip, the model)."""
+    model = factory()
+    folder = Path(folder)
+    fused = fuse.fuse(model, "auto")[0]
+    rebuild = tiny_models.stored_fused(fused, folder / f"{name}-fused.pt", factory=f"test_ncnn:{factory.__name__}")
+    config = ConvertConfig(precision="fp32", inputs=specs, weights=weights, **rebuild)
+    output = folder / f"{name}.ncnn.zip"
+    with reproducible.stage_session():
+        convert.run({"model": folder / f"{name}-fused.pt"}, config, output)
+    return output, model
+
+
+def run(path, *inputs, vulkan=False, threads=1):
+    config = SimpleNamespace(runtime=VULKAN_RUNTIME if vulkan else CPU_RUNTIME, timing={"threads": threads})
+    return runtime.load(path, config)(*inputs)
+
+
+def reference(model, *inputs):
+    with torch.no_grad():
+        return model(*inputs)
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ncnn")
+    path, model = to_ncnn(conv_net, [IMAGE], folder)
+    return SimpleNamespace(path=path, model=model, folder=folder)
+
+
+def test_a_conv_net_on_the_cpu_matches_the_eager_model_and_the_zip_holds_param_and_bin(conv):
+    x = modeling.example_inputs([IMAGE], seed=5)[0]
+    assert sqnr_db(reference(conv.model, x), run(conv.path, x)) > FP32_DB
+    with zipfile.ZipFile(conv.path) as archive:
+        assert archive.namelist() == ["model.ncnn.bin", "model.ncnn.param"]
+        assert {info.date_time for info in archive.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+        assert {info.compress_type for info in archive.infolist()} == {zipfile.ZIP_STORED}
+    facts = runtime.inspect(conv.path, SimpleNamespace(runtime=CPU_RUNTIME))
+    assert facts["weights"] == "fp32" and facts["inputs"] == ["in0"] and facts["outputs"] == ["out0"]
+    assert facts["layer_types"]["Convolution"] == 2 and "vulkan_device" not in facts
+    assert ncnn_route.structure(facts).startswith(f"{facts['layers']} layers (")
+
+
+def test_a_batch_goes_one_sample_at_a_time(conv):
+    """ncnn.Mat(array, batch_index=0) keeps the first sample only: each one is run and the outputs stacked."""
+    x = modeling.example_inputs([IMAGE], seed=6, batch=3)[0]
+    out = run(conv.path, x)
+    assert out.shape == (3, 10)
+    assert sqnr_db(reference(conv.model, x), out) > FP32_DB
+    assert not torch.equal(out[0], out[1])
+
+
+def test_fp16_weights_halve_the_bin_and_stay_close(conv, tmp_path):
+    path, model = to_ncnn(conv_net, [IMAGE], tmp_path, weights="fp16")
+    x = modeling.example_inputs([IMAGE], seed=5)[0]
+    assert sqnr_db(reference(model, x), run(path, x)) > FP16_DB
+    half, full = (runtime.inspect(p, None) for p in (path, conv.path))
+    assert half["weights"] == "fp16" and half["bin_bytes"] < 0.6 * full["bin_bytes"]
+
+
+def test_an_mlp_on_2d_input_in_a_batch_of_two(tmp_path):
+    specs = [spec("x", [2, 16])]
+    path, model = to_ncnn(mlp, specs, tmp_path)
+    x = modeling.example_inputs(specs, seed=7)[0]
+    out = run(path, x)
+    assert out.shape == (2, 4)
+    assert sqnr_db(reference(model, x), out) > FP32_DB
+
+
+def test_two_inputs_with_token_ids_and_a_dict_output(tmp_path):
+    """A dict output traces as a flat tuple (the tracer refuses a dict); int64 token ids go in as int32."""
+    specs = [spec("image", [2, 3, 12, 12]), spec("ids", [2, 6], "int64", range=[0, 50])]
+    path, model = to_ncnn(two_inputs, specs, tmp_path)
+    inputs = modeling.example_inputs(specs, seed=8)
+    produced = run(path, *inputs)
+    expected = reference(model, *inputs)
+    assert isinstance(produced, tuple) and len(produced) == 2
+    for (name, value), found in zip(expected.items(), produced):
+        assert found.shape == value.shape, name
+        assert sqnr_db(value, found) > FP32_DB, name
+    assert runtime.inspect(path, None)["outputs"] == ["out0", "out1"]
+
+
+def test_the_vulkan_path_runs_a_conv_net_in_fp16(conv):
+    count, device = runtime.gpu()
+    if count == 0:
+        pytest.skip("ncnn finds no Vulkan device here (install Debian's mesa-vulkan-drivers for llvmpipe)")
+    x = modeling.example_inputs([IMAGE], seed=5, batch=2)[0]
+    out = run(conv.path, x, vulkan=True)
+    assert out.shape == (2, 10)
+    assert sqnr_db(reference(conv.model, x), out) > VULKAN_DB
+    facts = runtime.inspect(conv.path, SimpleNamespace(runtime=VULKAN_RUNTIME))
+    assert facts["vulkan_device"] == device and device in ncnn_route.notes(facts)[0]
+
+
+def test_no_vulkan_device_is_one_line_naming_the_driver_package(conv, monkeypatch):
+    monkeypatch.setitem(runtime._gpu, "count", 0)
+    monkeypatch.setitem(runtime._gpu, "name", None)
+    with pytest.raises(MobileBuildError, match="mesa-vulkan-drivers") as raised:
+        run(conv.path, torch.zeros(1, 3, 16, 16), vulkan=True)
+    assert "\n" not in raised.value.message
+
+
+def test_conversions_are_byte_identical(conv, tmp_path):
+    again, _ = to_ncnn(conv_net, [IMAGE], tmp_path)
+    assert again.read_bytes() == conv.path.read_bytes()
+
+
+def test_a_pnnx_failure_is_one_line_naming_pnnx_with_its_log_kept(tmp_path):
+    with pytest.raises(failures.Failed) as raised:
+        to_ncnn(unconvertible, [spec("x", [1, 4, 4])], tmp_path)
+    failure = raised.value.failure
+    assert failure["raised_by"] == "pnnx" and "\n" not in failure["error"]
+    assert "LAPACK" in failure["error"], failure["error"]
+    assert "pnnx" in failure["traceback"] and len(failure["traceback"].splitlines()) > 10
+
+
+def test_operations_pnnx_leaves_unconverted_are_named(tmp_path):
+    with pytest.raises(MobileBuildError, match=r"aten::argsort") as raised:
+        to_ncnn(argsort, [spec("x", [1, 16])], tmp_path)
+    assert "\n" not in raised.value.message
+
+
+def test_the_routes_and_their_section():
+    cpu, vulkan = routes.get("ncnn", "ncnn"), routes.get("vulkan", "ncnn")
+    assert cpu.runs_on_host and vulkan.runs_on_host and cpu.suffix == vulkan.suffix == ".ncnn.zip"
+    assert routes.default_runtime("ncnn") == "ncnn" and routes.default_runtime("vulkan") == "pytorch-mobile"
+    assert cpu.int8 is None and cpu.runs_in.arm64 is None and cpu.checks.layers is None
+    assert routes.not_installed(ncnn_route.PACKAGES, {"ncnn": None, "pnnx": "1"}).endswith("'mobilebuild[ncnn]'")
+
+
+@pytest.mark.slow
+def test_timms_mobilenetv3_converts_and_matches(tmp_path):
+    timm = pytest.importorskip("timm")
+    specs = [spec("input", [1, 3, 64, 64])]
+    model = timm.create_model("mobilenetv3_small_050", pretrained=False).eval()
+    with torch.no_grad():  # batch-norm statistics of the data, as the checkpoint stage's batchnorm_stats does
+        model.train()
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.reset_running_stats()
+                module.momentum = None
+        for seed in range(2):
+            model(modeling.example_inputs(specs, seed=seed, batch=8)[0])
+        model.eval()
+    folder = tmp_path
+    output = folder / "timm.ncnn.zip"
+    config = SimpleNamespace(inputs=specs, weights="fp32")
+    with reproducible.stage_session(), tempfile.TemporaryDirectory() as scratch:
+        examples = convert.examples_of(specs)
+        names = convert.trace(model, examples, Path(scratch, "model.pt"))
+        param, binary = convert.convert(Path(scratch, "model.pt"), scratch, examples, config.weights)
+        convert.check_converted(param, names)
+        convert.write_zip([param, binary], output)
+    x = modeling.example_inputs(specs, seed=9, batch=2)[0]
+    assert sqnr_db(reference(model, x), run(output, x)) > FP32_DB
+
+
+@pytest.mark.slow
+def test_a_recipe_builds_verifies_and_benches_ncnn_cpu_and_vulkan_targets(project):
+    """Through real doit: CPU fp32 and fp16 weights, and Vulkan where ncnn finds a device."""
+    targets = [{"backend": "ncnn"}, {"backend": "ncnn", "name": "ncnn-fp16", "ncnn": {"weights": "fp16"}}]
+    vulkan = runtime.gpu()[0] > 0
+    if vulkan:
+        targets.append({"backend": "vulkan", "runtime": "ncnn"})
+    project.write_recipe({
+        "name": "tiny", "model": {"factory": "tinynet:make", "seed": 0, "batchnorm_stats": 2},
+        "input": {"shape": [1, 3, 8, 8]}, "benchmark": {"warmup": 1, "iters": 5}, "targets": targets})
+    built = project.run()
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "llvmpipe" not in built.stdout + built.stderr and "#####" not in built.stdout + built.stderr
+    ids = ["ncnn", "ncnn-fp16", *(["vulkan-ncnn"] if vulkan else [])]
+    for target in ids:
+        verification = json.loads(project.artifact(f"tiny/verify-{target}.json").read_text())
+        assert verification["status"] == "passed", verification
+        bench = json.loads(project.artifact(f"tiny/bench-{target}.json").read_text())
+        assert bench["status"] == "ran", bench
+    cpu = json.loads(project.artifact("tiny/verify-ncnn.json").read_text())
+    assert cpu["metrics"]["sqnr_db"] > FP32_DB and cpu["artifact"]["weights"] == "fp32"
+    if vulkan:
+        gpu = json.loads(project.artifact("tiny/verify-vulkan-ncnn.json").read_text())
+        assert gpu["artifact"]["weights"] == "fp16" and gpu["artifact"]["vulkan_device"]
+    assert project.doit() == []  # up to date: nothing runs again
+    if vulkan:  # a software driver's timing is shown, never the one to ship
+        from mobilebuild.results import report_data
+
+        rows = report_data.table_rows(json.loads(project.artifact("tiny/manifest.json").read_text()))
+        shipped = report_data.recommend(rows)[0]
+        assert shipped.startswith("Ship ") and "vulkan-ncnn" not in shipped
