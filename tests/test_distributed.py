@@ -185,3 +185,34 @@ def test_a_worker_lost_mid_task_is_rerun_and_nothing_half_stored(cluster, tmp_pa
     assert shared.fetch(key, {"artifact": fetched}) is not None
     assert fetched.read_bytes() == reference.artifact("tiny/fused.pt").read_bytes()
     execute.shared_cache.cache_clear()
+
+
+def _stage_for(seconds):
+    from mobilebuild.worker import measure_alone
+
+    with measure_alone.stage_running("quantize:on-a-worker"):
+        time.sleep(seconds)
+    return os.getpid()
+
+
+def _measurement_after(delay):
+    from mobilebuild.worker import measure_alone
+
+    time.sleep(delay)  # the other worker's stage is running by now
+    with measure_alone.measuring_alone("bench:on-a-worker") as waited:
+        return os.getpid(), waited, measure_alone.isolation()
+
+
+def test_dask_workers_on_one_machine_share_the_measuring_policy(cluster):
+    """A measurement on one worker process waits for a stage running on another (below 4 cores; where a core is
+    reserved for it, it measures on that core at once): the lock files are the host's, not the process's."""
+    _, client = cluster
+    workers = sorted(client.scheduler_info()["workers"])
+    stage = client.submit(_stage_for, 3.0, workers=[workers[0]], pure=False)
+    measurement = client.submit(_measurement_after, 1.0, workers=[workers[1]], pure=False)
+    (measured_in, waited, taken), staged_in = measurement.result(timeout=120), stage.result(timeout=120)
+    assert measured_in != staged_in
+    if taken["policy"] == "alone":
+        assert waited >= 1.5  # the stage's remaining 2 s, less the start-up of a loaded machine
+    else:
+        assert taken["policy"] == "reserved core" and waited < 1.5

@@ -35,22 +35,9 @@ FP16_DB = 45.0
 INT8_DB = 15.0
 
 
-class ConvNet(nn.Module):
-    """Conv-BN-ReLU twice, global pooling and a classifier."""
-
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-                                      nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.head = nn.Linear(16, 10)
-
-    def forward(self, x):
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
-
-
 def make(seed=0):
     torch.manual_seed(seed)
-    return tiny_models.randomize_batchnorm(ConvNet(), seed=seed)
+    return tiny_models.randomize_batchnorm(tiny_models.ConvNet(), seed=seed)
 
 
 def convert_to(fused, folder, name, precision="fp32", options=None, **quantization):

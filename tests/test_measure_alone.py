@@ -212,8 +212,8 @@ def test_a_measurement_clears_a_core_of_stages_that_run_past_its_patience(impati
                                          "stages": 1}
     printed = capfd.readouterr().err
     assert "model: waiting for running stages to finish (benchmarks measure alone, 0 s at most)" in printed
-    assert "model: measuring on a core cleared of the stages running past 0 s, which go on on the other cores: " \
-        "quantize:other in " in printed
+    assert "model: a stage has run past 0 s: measuring on a core cleared of the running stages, which go on on the " \
+        "others: quantize:other in " in printed
     stage.done()
 
 

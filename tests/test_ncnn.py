@@ -33,22 +33,9 @@ def spec(name, shape, dtype="float32", **extra):
     return {"name": name, "shape": shape, "dtype": dtype, "memory_format": "contiguous", **extra}
 
 
-class ConvNet(nn.Module):
-    """Conv-BN-ReLU twice, global pooling and a classifier."""
-
-    def __init__(self):
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-                                      nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU())
-        self.head = nn.Linear(16, 10)
-
-    def forward(self, x):
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
-
-
 def conv_net():
     torch.manual_seed(0)
-    return tiny_models.randomize_batchnorm(ConvNet())
+    return tiny_models.randomize_batchnorm(tiny_models.ConvNet())
 
 
 def mlp():

@@ -219,3 +219,16 @@ HOST_TARGETS = [{"backend": "xnnpack"}, {"backend": "qnnpack"},
                 {"backend": "onnx", "name": "onnx-fp32"}, {"backend": "onnx", "precision": "int8", "name": "onnx-int8"},
                 {"backend": "xnnpack", "runtime": "litert", "name": "litert-fp32"},
                 {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"}]
+
+
+class ConvNet(nn.Module):
+    """Conv-BN-ReLU twice, global pooling and a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))

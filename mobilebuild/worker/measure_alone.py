@@ -243,8 +243,9 @@ def _alone(held, label, threads, since):
             deadline = min([since, *(started for _, _, started in running)]) + patience()
             if not _waited_for(stages, deadline, label, shown):
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
-                print(f"   {label}: measuring on a core cleared of the stages running past {patience():.0f} s, "
-                      f"which go on on the other cores{': ' + shown if shown else ''}", file=sys.stderr, flush=True)
+                print(f"   {label}: a stage has run past {patience():.0f} s: measuring on a core cleared of the "
+                      f"running stages, which go on on the others{': ' + shown if shown else ''}", file=sys.stderr,
+                      flush=True)
                 return False
         else:
             print(f"   {label}: waiting for running stages to finish (benchmarks measure alone)"
