@@ -236,7 +236,7 @@ def test_a_blocked_target_says_why_in_its_line_and_blocks(root, no_build, monkey
     assert preflight.check_command([str(path)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == ("route families installed: PyTorch Mobile, ExecuTorch, ONNX Runtime, onnxruntime-genai, "
-                        "LiteRT, LiteRT-LM")
+                        "LiteRT, LiteRT-LM, ncnn")
     assert lines[3].startswith("xnnpack (xnnpack, pytorch-mobile, fp32): not made in ")
     assert lines[3].endswith(": BLOCKED: optimize:lines-xnnpack: not made: the build's tasks are not run in this test")
     assert lines[4].startswith("onnx (onnx, onnxruntime, fp32): not made in ")
