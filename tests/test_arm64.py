@@ -268,6 +268,38 @@ def test_an_outside_models_int8_artifacts_verify_on_arm_cpus_with_repeatable_ins
     assert abs(again["instructions"]["per_inference"] / first["onnx-int8", "cortex-a53"] - 1) < 0.01
 
 
+NCNN = {
+    "name": "mnv3",
+    "model": {"torchvision": "mobilenet_v3_small", "seed": 0, "batchnorm_stats": 2},
+    "input": {"shape": [1, 3, 96, 96]},
+    "benchmark": {"warmup": 1, "iters": 5},
+    "targets": [{"backend": "ncnn"}, {"backend": "ncnn", "name": "ncnn-fp16", "ncnn": {"weights": "fp16"}}],
+    "verify": {"samples": 4, "arm64": {"cpus": ["cortex-a53", "cortex-a76"], "samples": 2}},
+}
+
+
+@pytest.mark.slow
+def test_an_outside_models_ncnn_files_run_on_arm_cpus_where_fp16_weights_compute_in_fp16(
+        project, real_environment, monkeypatch):
+    """torchvision's MobileNetV3-Small (random weights) as ncnn fp32 and fp16 weights, in PyPI's aarch64 ncnn: fp32
+    agrees with this host's run on both CPUs; with fp16 weights ncnn computes in fp16 where the CPU has it (ARMv8.2's
+    A76), which this x86 host never does: further from the host's run there, in fewer instructions."""
+    home, found = real_environment
+    if "ncnn" not in found["runtimes"]:
+        pytest.skip("the environment has no ncnn: install mobilebuild[ncnn], then set up again")
+    monkeypatch.setenv(arm64.HOME_VARIABLE, str(home))
+    project.write_recipe(NCNN)
+    assert {f"arm64:mnv3-{t}-{cpu}" for t in ("ncnn", "ncnn-fp16") for cpu in ("cortex-a53", "cortex-a76")} \
+        <= set(project.doit("arm64"))
+    results = {(target, cpu): json.loads(project.artifact(f"mnv3/arm64-{target}-{cpu}.json").read_text())
+               for target in ("ncnn", "ncnn-fp16") for cpu in ("cortex-a53", "cortex-a76")}
+    assert all(result["status"] == "passed" for result in results.values()), results
+    assert all(results["ncnn", cpu]["against_host"]["sqnr_db"] > 80 for cpu in ("cortex-a53", "cortex-a76"))
+    fp16 = {cpu: results["ncnn-fp16", cpu] for cpu in ("cortex-a53", "cortex-a76")}
+    assert fp16["cortex-a76"]["against_host"]["sqnr_db"] < fp16["cortex-a53"]["against_host"]["sqnr_db"] - 20
+    assert fp16["cortex-a76"]["instructions"]["per_inference"] < fp16["cortex-a53"]["instructions"]["per_inference"]
+
+
 def test_release_json_carries_each_cpus_verdict_and_count_and_refuses_a_target_failed_on_arm():
     from mobilebuild.errors import MobileBuildError
     from mobilebuild.results import release

@@ -206,7 +206,8 @@ def test_the_routes_and_their_section():
     cpu, vulkan = routes.get("ncnn", "ncnn"), routes.get("vulkan", "ncnn")
     assert cpu.runs_on_host and vulkan.runs_on_host and cpu.suffix == vulkan.suffix == ".ncnn.zip"
     assert routes.default_runtime("ncnn") == "ncnn" and routes.default_runtime("vulkan") == "pytorch-mobile"
-    assert cpu.int8 is None and cpu.runs_in.arm64 is None and cpu.checks.layers is None
+    assert cpu.int8 is None and cpu.checks.layers is None
+    assert cpu.runs_in.arm64.runner.endswith("ncnn.worker.guest") and vulkan.runs_in.arm64 is None  # a CPU path
     assert routes.not_installed(ncnn_route.PACKAGES, {"ncnn": None, "pnnx": "1"}).endswith("'mobilebuild[ncnn]'")
 
 

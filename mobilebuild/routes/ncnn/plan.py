@@ -8,7 +8,7 @@ half (stage, runtime) is worker/, beside this module."""
 from dataclasses import dataclass
 
 from mobilebuild.plan import stages
-from mobilebuild.plan.routes import Checks, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan.routes import Arm64, Checks, Route, Runtime, Section, mapping, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 
 FAMILY = "ncnn"
@@ -90,15 +90,16 @@ CHECKS = Checks(preflight=preflight, outputs=outputs, input_dtypes=("float32", "
                                  "int64 ones as int32)")
 
 
-def runtime(name, unranked=None):
+def runtime(name, unranked=None, arm64=None):
     return Runtime(name, FAMILY, module="mobilebuild.routes.ncnn.worker.runtime", fixed_shapes=FIXED,
                    packages=PACKAGES, package="ncnn", structure=structure, notes=notes, extra="ncnn",
-                   unranked=unranked)
+                   unranked=unranked, arm64=arm64)
 
 
 register(Route("ncnn", "ncnn", ("fp32",), ("ncnn",), ".ncnn.zip",
                "CPU through ncnn (Tencent), converted by pnnx: .param and .bin in one zip (fp16 weights on request)",
-               runtime(CPU_RUNTIME), section=SECTION, default=True, checks=CHECKS))
+               runtime(CPU_RUNTIME, arm64=Arm64("mobilebuild.routes.ncnn.worker.guest", ("ncnn",))), section=SECTION,
+               default=True, checks=CHECKS))
 register(Route("vulkan", "ncnn", ("fp32",), ("ncnn",), ".ncnn.zip",
                "GPU through ncnn's Vulkan compute path (fp16 storage and arithmetic, as on a phone GPU; fp16 weights "
                "by default), converted by pnnx; verified on the host's Vulkan driver (Mesa's llvmpipe where there is "

@@ -1,0 +1,89 @@
+"""ncnn runs the ncnn stage's zip (model.ncnn.param, model.ncnn.bin) as an app does: its options set before loading,
+one sample at a time (ncnn's blobs have no batch axis: ncnn.Mat(array, batch_index=0) keeps the first sample only,
+without a word), integer inputs as int32 (its Embed reads int64 or float ids as garbage, with no error), inputs in0,
+in1... and outputs out0, out1... in forward's order. On the CPU path its fp16 options (packed, storage, arithmetic)
+are on only for fp16 weights, as an app shipping them would set them (they default to on, and on ARM they would
+round an fp32 model's activations to fp16). The host's runtime module (routes/ncnn/worker/runtime.py) runs its
+nets through the same functions; in the emulated aarch64 Python this file is the runner (the standard library, numpy
+and ncnn only)."""
+
+import os
+import re
+import tempfile
+import zipfile
+
+import ncnn
+import numpy
+
+PARAM, BIN = "model.ncnn.param", "model.ncnn.bin"
+FP16_TAG = b"\x47\x6b\x30\x01"  # 0x01306B47 little-endian: an fp16 weight array in the .bin
+
+
+def read(path):
+    """{name: bytes} of the zip's two files (zipfile.BadZipFile, KeyError where it is not the ncnn stage's zip)."""
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name) for name in (PARAM, BIN)}
+
+
+def fp16_weights(data):
+    """Whether the .bin's weights are fp16: its first weight array's tag (each tagged array starts with one)."""
+    return data[:4] == FP16_TAG
+
+
+def numbered(names):
+    """Blob names in the order of their number (out2 before out10): ncnn lists them in its own."""
+    return sorted(names, key=lambda name: (int(re.sub(r"\D", "", name) or -1), name))
+
+
+def net(files, threads=1, vulkan=False):
+    """An ncnn.Net of the zip's `files`, its options set before loading (they decide the kernels it picks): with
+    `vulkan`, ncnn's Vulkan compute path with fp16 storage and arithmetic, as on a phone's GPU. RuntimeError where
+    ncnn cannot load them (it says why on file descriptor 2)."""
+    found = ncnn.Net()
+    options = found.opt
+    options.num_threads = threads
+    options.use_vulkan_compute = vulkan
+    half = vulkan or fp16_weights(files[BIN])
+    options.use_fp16_packed = options.use_fp16_storage = options.use_fp16_arithmetic = half
+    with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as folder:
+        for name, data in files.items():
+            with open(os.path.join(folder, name), "wb") as handle:
+                handle.write(data)
+        # ncnn copies the weights as it loads: the files can go once it has
+        loaded = (found.load_param(os.path.join(folder, PARAM)), found.load_model(os.path.join(folder, BIN)))
+    if loaded != (0, 0):
+        raise RuntimeError(f"load_param and load_model returned {loaded}")
+    return found
+
+
+def as_blob(array):
+    """One sample of an input as ncnn takes it: float32, or int32 for integers."""
+    array = numpy.ascontiguousarray(array)
+    return array.astype(numpy.int32) if array.dtype.kind in "iub" else array.astype(numpy.float32, copy=False)
+
+
+def runner(found):
+    """arrays (forward's inputs, a batch each) -> [the outputs' arrays], a sample at a time."""
+    inputs, outputs = numbered(found.input_names()), numbered(found.output_names())
+
+    def run(arrays):
+        batch = len(arrays[0]) if arrays and numpy.ndim(arrays[0]) else 1
+        produced = [[] for _ in outputs]
+        for sample in range(batch):
+            extractor = found.create_extractor()
+            for name, array in zip(inputs, arrays, strict=True):
+                extractor.input(name, ncnn.Mat(as_blob(array[sample:sample + 1]), batch_index=0).clone())
+            for index, name in enumerate(outputs):
+                status, mat = extractor.extract(name)
+                if status != 0:
+                    raise RuntimeError(f"ncnn could not compute {name} (extract returned {status})")
+                produced[index].append(numpy.array(mat.numpy(batch_index=0)))
+        return [numpy.concatenate(parts) for parts in produced]
+
+    run.inputs = inputs
+    return run
+
+
+def load(path, threads):
+    """The emulated run: the zip at `path` on ncnn's CPU path."""
+    return runner(net(read(path), threads))
