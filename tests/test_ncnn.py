@@ -269,3 +269,19 @@ def test_a_recipe_builds_verifies_and_benches_ncnn_cpu_and_vulkan_targets(projec
         rows = report_data.table_rows(json.loads(project.artifact("tiny/manifest.json").read_text()))
         shipped = report_data.recommend(rows)[0]
         assert shipped.startswith("Ship ") and "vulkan-ncnn" not in shipped
+
+
+def test_the_vulkan_route_runs_on_the_host_where_a_vulkan_driver_is_installed(tmp_path, monkeypatch):
+    """Without a driver the Vulkan target is built and its file checked, not run ('not run on host', naming the
+    package): the examples' build still passes; the check reads the loader's manifests, loading nothing."""
+    monkeypatch.delenv("VK_ICD_FILENAMES", raising=False)
+    monkeypatch.delenv("VK_DRIVER_FILES", raising=False)
+    vulkan = routes.get("vulkan", "ncnn")
+    assert vulkan.runs_on_host == ncnn_route.vulkan_driver()
+    if not vulkan.runs_on_host:
+        assert "apt-get install mesa-vulkan-drivers" in vulkan.host_reason
+    assert not ncnn_route.vulkan_driver([str(tmp_path)])
+    (tmp_path / "lvp_icd.x86_64.json").write_text("{}")
+    assert ncnn_route.vulkan_driver([str(tmp_path / "none"), str(tmp_path)])
+    monkeypatch.setenv("VK_ICD_FILENAMES", "/opt/driver.json")
+    assert ncnn_route.vulkan_driver([])

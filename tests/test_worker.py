@@ -72,3 +72,27 @@ def test_operators_torchscript_knows_by_address_stay_alive():
     assert registered() is not None
     packet = torch.ops.aten.relu  # looked up before the worker's first stage, or after: either way alive
     assert any(kept is packet._op for kept in reproducible._registered_builtins)
+
+
+def test_a_killed_builds_list_of_shown_warnings_is_removed_by_the_next_build(tmp_path, monkeypatch):
+    """A build that is killed never runs the `finally` that removes its list: the next one removes the lists of
+    processes that are gone, and keeps those of running builds."""
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from mobilebuild.worker import quiet
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid is free: no process has it (pids are not reused this soon)
+    stale = tmp_path / f"{quiet.WARNINGS_LIST}{gone.pid}-abc123"
+    running = tmp_path / f"{quiet.WARNINGS_LIST}{os.getppid()}-def456"
+    stale.write_text("")
+    running.write_text("")
+    with quiet.shown_warnings_list():
+        mine = Path(os.environ[quiet.SHOWN_WARNINGS])
+        assert mine.parent == tmp_path and mine.name.startswith(f"{quiet.WARNINGS_LIST}{os.getpid()}-")
+        assert not stale.exists() and running.exists()
+    assert not mine.exists()

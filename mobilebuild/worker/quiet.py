@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import warnings as _warnings
+from pathlib import Path
 
 # torchao registers Enums with torch's pytree, and torch logs a deprecation line about each in every process that
 # imports it (ExecuTorch, transformers and a user's own factory do): lines that say nothing about the user's model.
@@ -187,11 +188,26 @@ def warnings_once():
     yield
 
 
+WARNINGS_LIST = "mobilebuild-warnings-"  # then the pid of the process that made the list
+
+
+def _remove_stale_lists():
+    """The lists of builds that were killed (their `finally` never ran): those whose process is gone."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WARNINGS_LIST}*-*"):
+        try:
+            os.kill(int(path.name[len(WARNINGS_LIST):].split("-")[0]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, OSError):  # another naming; another user's process
+            continue
+
+
 @contextlib.contextmanager
 def shown_warnings_list():
     """A list of the warnings shown, for the workers started in this block to share (SHOWN_WARNINGS): a build's
     reporter starts one; `mobilebuild tune` one for all its rounds, which their reporters keep."""
-    handle, path = tempfile.mkstemp(prefix="mobilebuild-warnings-")
+    _remove_stale_lists()
+    handle, path = tempfile.mkstemp(prefix=f"{WARNINGS_LIST}{os.getpid()}-")
     os.close(handle)
     try:
         with environment(SHOWN_WARNINGS, path):

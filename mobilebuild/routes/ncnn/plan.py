@@ -5,7 +5,9 @@ phone's GPU runs it (fp16 storage and arithmetic). fp16 weights on request (`ncn
 for the Vulkan route. No int8 yet: neither wheel ships ncnn's quantization tools (ncnn2table, ncnn2int8). Its worker
 half (stage, runtime) is worker/, beside this module."""
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from mobilebuild.plan import stages
 from mobilebuild.plan.routes import Arm64, Checks, Route, Runtime, Section, mapping, register, text
@@ -90,10 +92,24 @@ CHECKS = Checks(preflight=preflight, outputs=outputs, input_dtypes=("float32", "
                                  "int64 ones as int32)")
 
 
-def runtime(name, unranked=None, arm64=None):
+# where the Vulkan loader looks for drivers' manifests (ICD files), besides VK_ICD_FILENAMES and VK_DRIVER_FILES
+ICD_FOLDERS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d")
+NO_DRIVER = ("a host with a Vulkan driver (none is installed here: `apt-get install mesa-vulkan-drivers`, whose "
+             "llvmpipe runs ncnn's Vulkan path on the CPU)")
+
+
+def vulkan_driver(folders=ICD_FOLDERS):
+    """Whether a Vulkan driver is installed, by the manifests the loader reads, without loading one: planning stays
+    fast and torch-free, and a driver installed later changes the Vulkan targets' keys, so they run then."""
+    if os.environ.get("VK_ICD_FILENAMES") or os.environ.get("VK_DRIVER_FILES"):
+        return True
+    return any(any(Path(folder).glob("*.json")) for folder in folders)
+
+
+def runtime(name, unranked=None, arm64=None, device_only=None):
     return Runtime(name, FAMILY, module="mobilebuild.routes.ncnn.worker.runtime", fixed_shapes=FIXED,
                    packages=PACKAGES, package="ncnn", structure=structure, notes=notes, extra="ncnn",
-                   unranked=unranked, arm64=arm64)
+                   unranked=unranked, arm64=arm64, device_only=device_only)
 
 
 register(Route("ncnn", "ncnn", ("fp32",), ("ncnn",), ".ncnn.zip",
@@ -104,4 +120,5 @@ register(Route("vulkan", "ncnn", ("fp32",), ("ncnn",), ".ncnn.zip",
                "GPU through ncnn's Vulkan compute path (fp16 storage and arithmetic, as on a phone GPU; fp16 weights "
                "by default), converted by pnnx; verified on the host's Vulkan driver (Mesa's llvmpipe where there is "
                "no GPU)",
-               runtime(VULKAN_RUNTIME, unranked=SOFTWARE_GPU), section=SECTION, checks=CHECKS))
+               runtime(VULKAN_RUNTIME, unranked=SOFTWARE_GPU, device_only=None if vulkan_driver() else NO_DRIVER),
+               section=SECTION, checks=CHECKS))
