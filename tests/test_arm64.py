@@ -273,16 +273,16 @@ NCNN = {
     "model": {"torchvision": "mobilenet_v3_small", "seed": 0, "batchnorm_stats": 2},
     "input": {"shape": [1, 3, 96, 96]},
     "benchmark": {"warmup": 1, "iters": 5},
-    "targets": [{"backend": "ncnn"}, {"backend": "ncnn", "name": "ncnn-fp16", "ncnn": {"weights": "fp16"}}],
+    "targets": [{"backend": "ncnn"}, {"backend": "ncnn", "name": "ncnn-fp16", "precision": "fp16"}],
     "verify": {"samples": 4, "arm64": {"cpus": ["cortex-a53", "cortex-a76"], "samples": 2}},
 }
 
 
 @pytest.mark.slow
-def test_an_outside_models_ncnn_files_run_on_arm_cpus_where_fp16_weights_compute_in_fp16(
+def test_an_outside_models_ncnn_files_run_on_arm_cpus_where_fp16_computes_in_fp16(
         project, real_environment, monkeypatch):
-    """torchvision's MobileNetV3-Small (random weights) as ncnn fp32 and fp16 weights, in PyPI's aarch64 ncnn: fp32
-    agrees with this host's run on both CPUs; with fp16 weights ncnn computes in fp16 where the CPU has it (ARMv8.2's
+    """torchvision's MobileNetV3-Small (random weights) as ncnn fp32 and fp16, in PyPI's aarch64 ncnn: fp32 agrees
+    with this host's run on both CPUs; an fp16 target computes in fp16 where the CPU has fp16 arithmetic (ARMv8.2's
     A76), which this x86 host never does: further from the host's run there, in fewer instructions."""
     home, found = real_environment
     if "ncnn" not in found["runtimes"]:

@@ -111,7 +111,7 @@ def recipe_nodes(recipe, root):
         device = route.runs_in.device_bench
         results.append(chain.node(
             "bench", f"{recipe.name}-{target.id}",
-            stages.BenchConfig(**runtime, timing=timing,
+            stages.BenchConfig(**runtime, timing=_timing_for(route, timing),
                                device=device(recipe.benchmark["device"]) if device is not None else None),
             {"artifact": final}, f"{out}/bench-{target.id}.json", fields=chain.fields))
         layers = _layers(chain, verification, verification_files)
@@ -176,6 +176,17 @@ def _verification(chain, root):
     if evaluation == "calibration-holdout" and settings["calibration"]:
         files += chain.calibration_files(quantize)
     return settings, files
+
+
+UNRANKED_ITERS = 20  # timed runs enough for a timing that is shown but never ranked (a software GPU driver's)
+
+
+def _timing_for(route, timing):
+    """The recipe's timing, its timed runs capped where the route's host timings are never ranked (they would take
+    minutes on a software driver for a number nobody compares)."""
+    if route.runs_in.unranked is None:
+        return timing
+    return {**timing, "iters": min(timing["iters"], UNRANKED_ITERS)}
 
 
 def _layers(chain, verification, files):

@@ -1,16 +1,17 @@
 """ncnn, Tencent's mobile inference runtime: the fused model traced (torch.jit.trace) and converted by pnnx, ncnn's
 official PyTorch converter, to ncnn's two files (model.ncnn.param, the graph as text; model.ncnn.bin, the weights),
-shipped as one deterministic zip; run by ncnn's Python binding on its CPU path, or on its Vulkan compute path as a
-phone's GPU runs it (fp16 storage and arithmetic). fp16 weights on request (`ncnn: {weights: fp16}`), the default
-for the Vulkan route. No int8 yet: neither wheel ships ncnn's quantization tools (ncnn2table, ncnn2int8). Its worker
-half (stage, runtime) is worker/, beside this module."""
+shipped as one deterministic zip; run by ncnn's Python binding on its CPU path, or on its Vulkan compute path. The
+precision is the weights' and the arithmetic's: fp32, or fp16 (pnnx's fp16 weights, and ncnn's fp16 storage and
+arithmetic, as a phone's GPU and an ARMv8.2 CPU run them), judged at the fp16 thresholds. No int8 yet: neither
+wheel ships ncnn's quantization tools (ncnn2table, ncnn2int8). Its worker half (stage, runtime, the emulated-ARM
+runner) is worker/, beside this module."""
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from mobilebuild.plan import stages
-from mobilebuild.plan.routes import Arm64, Checks, Route, Runtime, Section, mapping, register, text
+from mobilebuild.plan.routes import Arm64, Checks, Route, Runtime, mapping, register, text
 from mobilebuild.plan.settings import Fusion, ModelSource
 
 FAMILY = "ncnn"
@@ -20,46 +21,32 @@ PACKAGES = ("ncnn", "pnnx")  # what runs the artifacts, and what converts them: 
 CPU_RUNTIME, VULKAN_RUNTIME = "ncnn", "ncnn-vulkan"
 FIXED = ("pnnx converts at the example's sizes (its second shape set for dynamic dims, inputshape2, is not wired "
          "yet)")
-WEIGHTS = ("fp32", "fp16")
-SCHEMA = {
-    "description": "ncnn conversion options (pnnx).",
-    "type": "object", "additionalProperties": False, "default": {},
-    "properties": {
-        "weights": {"description": "How the .bin stores the weights: fp32, or fp16 (pnnx's fp16=1: half the size; "
-                                   "ncnn then runs with its fp16 options on, as an app shipping them would). Default: "
-                                   "fp32, and fp16 for the vulkan backend, whose fp16 storage rounds them anyway.",
-                    "enum": WEIGHTS},
-    },
-}
-DEFAULT_WEIGHTS = {"vulkan": "fp16"}
 SOFTWARE_GPU = ("timed on the host's Vulkan driver (a software one, Mesa's llvmpipe, where there is no GPU): not a "
-                "phone GPU's speed")  # by backend: what ncnn's Vulkan path stores and computes in
+                "phone GPU's speed")
 
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    precision: str
+    precision: str  # fp32 | fp16: pnnx's fp16 option (the weights), which the runtime's fp16 options follow
     inputs: list  # the inputs' specs (plan.recipe.input_specs)
-    weights: str  # fp32 | fp16: pnnx's fp16 option
     model: ModelSource  # the model source and fusion the fused model is rebuilt from: it is stored as weights only
     fuse: Fusion
 
 
 def plan(chain):
-    options = chain.settings
-    weights = options.get("weights", DEFAULT_WEIGHTS.get(chain.route.backend, "fp32"))
-    config = ConvertConfig(precision=chain.precision, inputs=chain.recipe.inputs, weights=weights,
-                           model=chain.source, fuse=chain.recipe.fuse)
+    config = ConvertConfig(precision=chain.precision, inputs=chain.recipe.inputs, model=chain.source,
+                           fuse=chain.recipe.fuse)
     return chain.shipped("ncnn", config, {"model": chain.nodes["fuse"]}, files=chain.source_files)
 
 
 def structure(facts):
-    """'41 layers (Convolution 12, ...); fp16 weights': what the .param holds, read by verify."""
+    """'41 layers (Convolution 12, ...); fp16': what the .param holds and the precision ncnn runs it in, read by
+    verify."""
     if facts.get("layers") is None:
         return ""
     kinds = sorted(mapping(facts.get("layer_types")).items(), key=lambda item: (-item[1], item[0]))
     shown = ", ".join(f"{kind} {count}" for kind, count in kinds[:4]) + (", ..." if len(kinds) > 4 else "")
-    return f"{text(facts.get('layers'))} layers ({shown}); {text(facts.get('weights'))} weights"
+    return f"{text(facts.get('layers'))} layers ({shown}); {text(facts.get('precision'))}"
 
 
 def notes(facts):
@@ -84,9 +71,7 @@ def outputs(found):
 stages.register(stages.Stage(
     "ncnn", ConvertConfig, {"model": ("fuse",)},
     "ncnn models (.param and .bin, zipped) converted by pnnx: fp32 or fp16 weights.", "#f6b26b", plan=plan,
-    module="mobilebuild.routes.ncnn.worker.convert", recipe_fields={"weights": "targets.ncnn.weights"}))
-
-SECTION = Section("ncnn", SCHEMA)
+    module="mobilebuild.routes.ncnn.worker.convert"))
 CHECKS = Checks(preflight=preflight, outputs=outputs, input_dtypes=("float32", "int32", "int64"),
                 input_dtypes_why="ncnn's blobs hold floats, and integers as int32 (token ids: the runtime passes "
                                  "int64 ones as int32)")
@@ -112,13 +97,14 @@ def runtime(name, unranked=None, arm64=None, device_only=None):
                    unranked=unranked, arm64=arm64, device_only=device_only)
 
 
-register(Route("ncnn", "ncnn", ("fp32",), ("ncnn",), ".ncnn.zip",
-               "CPU through ncnn (Tencent), converted by pnnx: .param and .bin in one zip (fp16 weights on request)",
-               runtime(CPU_RUNTIME, arm64=Arm64("mobilebuild.routes.ncnn.worker.guest", ("ncnn",))), section=SECTION,
-               default=True, checks=CHECKS))
-register(Route("vulkan", "ncnn", ("fp32",), ("ncnn",), ".ncnn.zip",
-               "GPU through ncnn's Vulkan compute path (fp16 storage and arithmetic, as on a phone GPU; fp16 weights "
-               "by default), converted by pnnx; verified on the host's Vulkan driver (Mesa's llvmpipe where there is "
-               "no GPU)",
+register(Route("ncnn", "ncnn", ("fp32", "fp16"), ("ncnn",), ".ncnn.zip",
+               "CPU through ncnn (Tencent), converted by pnnx: .param and .bin in one zip (fp16: fp16 weights, "
+               "storage and arithmetic where the CPU has it)",
+               runtime(CPU_RUNTIME, arm64=Arm64("mobilebuild.routes.ncnn.worker.guest", ("ncnn",))), default=True,
+               checks=CHECKS))
+register(Route("vulkan", "ncnn", ("fp16", "fp32"), ("ncnn",), ".ncnn.zip",
+               "GPU through ncnn's Vulkan compute path (fp16 by default: fp16 weights, storage and arithmetic, as on a "
+               "phone GPU), converted by pnnx; verified on the host's Vulkan driver (Mesa's llvmpipe where there is no "
+               "GPU)",
                runtime(VULKAN_RUNTIME, unranked=SOFTWARE_GPU, device_only=None if vulkan_driver() else NO_DRIVER),
-               section=SECTION, checks=CHECKS))
+               checks=CHECKS))

@@ -99,12 +99,12 @@ def last_saying(log):
     return (saying or lines or ["no output"])[-1]
 
 
-def convert(traced, folder, examples, weights):
+def convert(traced, folder, examples, precision):
     """pnnx on the TorchScript file `traced`, writing everything into `folder`: (the .param, the .bin)."""
     folder = Path(folder)
     param, binary = folder / PARAM, folder / BIN
     argv = [str(pnnx_binary()), str(traced), f"inputshape={input_shapes(examples)}",
-            f"fp16={int(weights == 'fp16')}", "optlevel=2", "device=cpu",
+            f"fp16={int(precision == 'fp16')}", "optlevel=2", "device=cpu",
             f"pnnxparam={folder / 'model.pnnx.param'}", f"pnnxbin={folder / 'model.pnnx.bin'}",
             f"pnnxpy={folder / 'model_pnnx.py'}", f"pnnxonnx={folder / 'model.pnnx.onnx'}",
             f"ncnnparam={param}", f"ncnnbin={binary}", f"ncnnpy={folder / 'model_ncnn.py'}"]
@@ -143,10 +143,11 @@ def check_converted(param, names):
                                f"({', '.join(names)})", field="model")
 
 
-def write_zip(files, output):
+def write_zip(files, output, precision):
     """The files in one zip under their own names, sorted, stored, with fixed times and modes: the same files give
-    the same bytes."""
+    the same bytes. Its comment names the precision the runtime sets ncnn's fp16 options for (guest.read)."""
     with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.comment = f"{runtime.guest.PRECISION}{precision}".encode()
         for path in sorted(files, key=lambda p: Path(p).name):
             entry = zipfile.ZipInfo(Path(path).name, date_time=FIXED_TIME)
             entry.external_attr = 0o644 << 16
@@ -159,9 +160,9 @@ def run(inputs, config, output):
     with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as scratch:
         traced = Path(scratch, "model.pt")
         names = trace(model, examples, traced)
-        progress.note(f"pnnx ({config.weights} weights)")
-        param, binary = convert(traced, scratch, examples, config.weights)
+        progress.note(f"pnnx ({config.precision} weights)")
+        param, binary = convert(traced, scratch, examples, config.precision)
         check_converted(param, names)
-        write_zip([param, binary], output)
+        write_zip([param, binary], output, config.precision)
     # it loads and runs on ncnn's CPU path, the example's first sample
     runtime.load(output, None)(*examples)

@@ -1,11 +1,11 @@
 """ncnn runs the ncnn stage's zip (model.ncnn.param, model.ncnn.bin) as an app does: its options set before loading,
 one sample at a time (ncnn's blobs have no batch axis: ncnn.Mat(array, batch_index=0) keeps the first sample only,
 without a word), integer inputs as int32 (its Embed reads int64 or float ids as garbage, with no error), inputs in0,
-in1... and outputs out0, out1... in forward's order. On the CPU path its fp16 options (packed, storage, arithmetic)
-are on only for fp16 weights, as an app shipping them would set them (they default to on, and on ARM they would
-round an fp32 model's activations to fp16). The host's runtime module (routes/ncnn/worker/runtime.py) runs its
-nets through the same functions; in the emulated aarch64 Python this file is the runner (the standard library, numpy
-and ncnn only)."""
+in1... and outputs out0, out1... in forward's order. Its fp16 options (packed, storage, arithmetic) are on for an
+fp16 artifact only, as an app shipping one would set them (they default to on, and on ARM they would round an fp32
+model's activations to fp16): the zip's comment names its precision. The host's runtime module
+(routes/ncnn/worker/runtime.py) runs its nets through the same functions; in the emulated aarch64 Python this file
+is the runner (the standard library, numpy and ncnn only)."""
 
 import os
 import re
@@ -16,18 +16,16 @@ import ncnn
 import numpy
 
 PARAM, BIN = "model.ncnn.param", "model.ncnn.bin"
-FP16_TAG = b"\x47\x6b\x30\x01"  # 0x01306B47 little-endian: an fp16 weight array in the .bin
+PRECISION = "precision="  # the zip's comment names the precision it was converted for: precision=fp16
 
 
 def read(path):
-    """{name: bytes} of the zip's two files (zipfile.BadZipFile, KeyError where it is not the ncnn stage's zip)."""
+    """({name: bytes} of the zip's two files, its precision) (zipfile.BadZipFile, KeyError where it is not the ncnn
+    stage's zip)."""
     with zipfile.ZipFile(path) as archive:
-        return {name: archive.read(name) for name in (PARAM, BIN)}
-
-
-def fp16_weights(data):
-    """Whether the .bin's weights are fp16: its first weight array's tag (each tagged array starts with one)."""
-    return data[:4] == FP16_TAG
+        comment = archive.comment.decode(errors="replace")
+        precision = comment[len(PRECISION):] if comment.startswith(PRECISION) else "fp32"
+        return {name: archive.read(name) for name in (PARAM, BIN)}, precision
 
 
 def numbered(names):
@@ -35,15 +33,15 @@ def numbered(names):
     return sorted(names, key=lambda name: (int(re.sub(r"\D", "", name) or -1), name))
 
 
-def net(files, threads=1, vulkan=False):
-    """An ncnn.Net of the zip's `files`, its options set before loading (they decide the kernels it picks): with
-    `vulkan`, ncnn's Vulkan compute path with fp16 storage and arithmetic, as on a phone's GPU. RuntimeError where
-    ncnn cannot load them (it says why on file descriptor 2)."""
+def net(files, precision, threads=1, vulkan=False):
+    """An ncnn.Net of the zip's `files`, its options set before loading (they decide the kernels it picks): fp16
+    storage and arithmetic for `precision` fp16, as a phone's GPU and an ARMv8.2 CPU run it; with `vulkan`, on
+    ncnn's Vulkan compute path. RuntimeError where ncnn cannot load them (it says why on file descriptor 2)."""
     found = ncnn.Net()
     options = found.opt
     options.num_threads = threads
     options.use_vulkan_compute = vulkan
-    half = vulkan or fp16_weights(files[BIN])
+    half = precision == "fp16"
     options.use_fp16_packed = options.use_fp16_storage = options.use_fp16_arithmetic = half
     with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as folder:
         for name, data in files.items():
@@ -86,4 +84,4 @@ def runner(found):
 
 def load(path, threads):
     """The emulated run: the zip at `path` on ncnn's CPU path."""
-    return runner(net(read(path), threads))
+    return runner(net(*read(path), threads))

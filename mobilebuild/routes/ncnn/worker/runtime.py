@@ -55,7 +55,7 @@ def gpu():
 
 
 def read(path):
-    """{name: bytes} of the zip's two files; one line where it is not the ncnn stage's zip."""
+    """({name: bytes} of the zip's two files, its precision); one line where it is not the ncnn stage's zip."""
     try:
         return guest.read(path)
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
@@ -66,13 +66,13 @@ def read(path):
 def net(path, threads=1, vulkan=False):
     """An ncnn.Net of the zip at `path` (guest.net); one line where the host has no Vulkan device for it, or ncnn
     cannot load it."""
-    files = read(path)
+    files, precision = read(path)
     if vulkan and gpu()[0] == 0:
         raise MobileBuildError(NO_VULKAN, field="targets")
     kept = []
     try:
         with quiet.native_stderr(kept=kept, kept_prefix=(b"",)):
-            return guest.net(files, threads, vulkan)
+            return guest.net(files, precision, threads, vulkan)
     except RuntimeError:
         said = "; ".join(line.strip() for line in kept if line.strip()) or "no reason given"
         raise MobileBuildError(f"ncnn cannot load {Path(path).name}: {said}", field="targets") from None
@@ -118,11 +118,11 @@ def output_blobs(param_text):
 def inspect(path, config):
     """Facts read from the zip without running it: layers by type, the weights' storage, inputs and outputs, sizes;
     for the Vulkan route, the host's Vulkan device."""
-    files = read(path)
+    files, precision = read(path)
     layers = layer_lines(files[PARAM].decode())
     facts = {"layers": sum(1 for kind, *_ in layers if kind != "Input"),
              "layer_types": dict(sorted(collections.Counter(kind for kind, *_ in layers if kind != "Input").items())),
-             "weights": "fp16" if guest.fp16_weights(files[BIN]) else "fp32",
+             "precision": precision,
              "inputs": [name for kind, name, _, _ in layers if kind == "Input"],
              "outputs": output_blobs(files[PARAM].decode()),
              "param_bytes": len(files[PARAM]), "bin_bytes": len(files[BIN])}
