@@ -151,3 +151,19 @@ def test_close_markers_move_apart_in_latency_order():
     keep their order, so the slowest is not pushed onto the others."""
     shifts = plots._side_by_side([(23.47, 14.25), (8.42, 14.0), (27.57, 7.47), (7.73, 13.99), (7.56, 14.0)], 31.7)
     assert shifts == [0.0, plots.SIDE_BY_SIDE, 0.0, 0.0, -plots.SIDE_BY_SIDE]
+
+
+def test_a_timing_that_is_never_ranked_is_not_drawn_and_the_axis_says_so():
+    """ncnn's Vulkan path on a software driver (300 ms where the CPU targets take 5): its bar would squeeze them."""
+    manifest = full_manifest()
+    gpu = target("vulkan", "vulkan", "fp16", 7_000_000, "passed")
+    gpu["runtime"] = "ncnn"
+    manifest["targets"].append(gpu)
+    manifest["verification"]["vulkan"] = manifest["verification"]["xnnpack"]
+    manifest["benchmarks"]["vulkan"] = benchmark("ncnn-vulkan", 300.0, 290.0, 310.0, 7_000_000)
+    rows = report_data.table_rows(manifest)
+    assert [row.label for row in plots.timed(rows)] == ["eager fp32", "xnnpack", "qnnpack"]
+    drawn = plots.figure("mnv2", rows)
+    latency = next(axes for axes in drawn.axes if axes.get_xlabel().startswith("median latency"))
+    assert "not drawn: vulkan (its host timing is never ranked" in latency.get_xlabel()
+    assert latency.get_xlim()[1] < 50

@@ -42,7 +42,14 @@ def draw_all(artifacts_dir):
 
 
 def timed(rows):
-    return [row for row in rows if row.median_ms is not None]
+    """The rows with a host timing to draw: not those whose timings are never ranked (a software GPU driver's, which
+    would squeeze every other bar into the axis' first pixels)."""
+    return [row for row in rows if row.median_ms is not None and report_data.unranked(row) is None]
+
+
+def not_drawn(rows):
+    """The labels of timed rows left out of the figure (timed)."""
+    return [row.label for row in rows if row.median_ms is not None and report_data.unranked(row) is not None]
 
 
 def quality(rows):
@@ -104,7 +111,7 @@ def figure(recipe, rows):
             axes[name].set_axis_off()
         axes["latency"].text(0.5, 0.5, "no benchmark ran on the host for this recipe", ha="center", va="center")
         return drawing
-    _latency_bars(axes["latency"], points, style)
+    _latency_bars(axes["latency"], points, style, not_drawn(rows))
     slowest = max(row.median_ms for row in points) * 1.15 or 1  # one latency scale for both scatter panels
     _scatter(axes["size"], [(row, row.size_bytes / 1e6) for row in points if row.size_bytes is not None], style,
              "artifact size (MB)", slowest)
@@ -127,7 +134,7 @@ def latency_limit(points):
     return min(reach, OUTLIER_REACH * max(medians)) or 1
 
 
-def _latency_bars(axes, points, style):
+def _latency_bars(axes, points, style, left_out=()):
     positions = range(len(points))
     medians = [row.median_ms for row in points]
     limit = latency_limit(points)
@@ -146,7 +153,8 @@ def _latency_bars(axes, points, style):
     axes.set_yticks(list(positions), [legend_label(row) for row in points])
     axes.invert_yaxis()  # the table's order, top down
     axes.set_xlim(0, limit * 1.15)
-    axes.set_xlabel("median latency on the host (ms), whiskers p10-p90")
+    axes.set_xlabel("median latency on the host (ms), whiskers p10-p90" + (
+        f"; not drawn: {', '.join(left_out)} (its host timing is never ranked: see the notes)" if left_out else ""))
     axes.grid(axis="x", alpha=0.3)
     axes.set_axisbelow(True)
 

@@ -507,7 +507,7 @@ def _other_harness(row, harness):
     return f"timed by {found}, the others by {harness}: not ranked against them"
 
 
-def _unranked(row):
+def unranked(row):
     """Why its route's host timings are no candidate's (ncnn's Vulkan path on a software driver), or None."""
     route = routes.get(row.backend, row.runtime)
     return route.runs_in.unranked if route is not None else None
@@ -522,7 +522,7 @@ def recommend(rows):
     if not targets:
         return []
     harness = _get(eager.benchmark, "harness")
-    why = {row.label: shortfall(row) or _other_harness(row, harness) or _unranked(row)
+    why = {row.label: shortfall(row) or _other_harness(row, harness) or unranked(row)
            for row in targets}  # None: a candidate
     candidates = sorted((row for row in targets if why[row.label] is None), key=lambda row: row.median_ms)
     lines = []
