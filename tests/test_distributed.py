@@ -207,6 +207,7 @@ def test_dask_workers_on_one_machine_share_the_measuring_policy(cluster):
     """A measurement on one worker process waits for a stage running on another (below 4 cores; where a core is
     reserved for it, it measures on that core at once): the lock files are the host's, not the process's."""
     _, client = cluster
+    client.wait_for_workers(2, timeout=120)  # a test before lost one on purpose: its nanny starts it again
     workers = sorted(client.scheduler_info()["workers"])
     stage = client.submit(_stage_for, 3.0, workers=[workers[0]], pure=False)
     measurement = client.submit(_measurement_after, 1.0, workers=[workers[1]], pure=False)

@@ -62,7 +62,7 @@ def test_mobilenet_v2_ships_to_every_backend_and_says_what_ran_where(built):
     assert {(t["backend"], t["runtime"]) for t in targets.values()} == {
         ("xnnpack", "pytorch-mobile"), ("qnnpack", "pytorch-mobile"), ("nnapi", "pytorch-mobile"),
         ("xnnpack", "executorch"), ("vulkan", "executorch"), ("metal", "executorch"), ("onnx", "onnxruntime"),
-        ("xnnpack", "litert")}
+        ("xnnpack", "litert"), ("ncnn", "ncnn"), ("vulkan", "ncnn")}
     verification, benchmarks = manifest["verification"], manifest["benchmarks"]
     for name, target in targets.items():
         assert (built / "artifacts" / target["path"]).stat().st_size > 1e6, name
@@ -79,6 +79,9 @@ def test_mobilenet_v2_ships_to_every_backend_and_says_what_ran_where(built):
     assert "CoreMLBackend" in delegated["metal-executorch"]["delegates"]
     assert verification["nnapi"]["artifact"]["nnapi_model"]["operations"] > 50
     assert verification["onnx-int8"]["artifact"]["quantized_nodes"] > 100
+    assert verification["ncnn"]["artifact"]["precision"] == "fp32"  # the zip says how ncnn is to run it
+    assert verification["ncnn-fp16"]["artifact"]["precision"] == "fp16"
+    assert verification["ncnn-fp16"]["thresholds"]["sqnr_db"] == 30  # judged as fp16, not as fp32
     report = (built / "artifacts/report.md").read_text()
     assert "not run on host (nnapi): runs only on an Android 8.1+ device with NNAPI" in report
 
