@@ -86,6 +86,17 @@ HEADER = ("| target | status | runs on | median (ms) | p90 (ms) | speed-up | MB 
           "| top-1 agreement |")
 
 
+def with_software_gpu_target(manifest, median, precision="fp16"):
+    """The manifest with a passing target named vulkan on ncnn's Vulkan path (a route whose host timings are never
+    ranked), timed at `median` ms."""
+    gpu = target("vulkan", "vulkan", precision, 7_000_000, "passed")
+    gpu["runtime"] = "ncnn"
+    manifest["targets"].append(gpu)
+    manifest["verification"]["vulkan"] = manifest["verification"]["xnnpack"]
+    manifest["benchmarks"]["vulkan"] = benchmark("ncnn-vulkan", median, median * 0.97, median * 1.03, 7_000_000)
+    return manifest
+
+
 def manifest_file(artifacts, directory, document):
     (artifacts / directory).mkdir(parents=True)
     path = artifacts / directory / "manifest.json"

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 from matplotlib import image
-from report_manifests import benchmark, full_manifest, target, verification
+from report_manifests import benchmark, full_manifest, target, verification, with_software_gpu_target
 
 from mobilebuild.plan.stages import PlotConfig
 from mobilebuild.results import plots, report_data
@@ -155,13 +155,7 @@ def test_close_markers_move_apart_in_latency_order():
 
 def test_a_timing_that_is_never_ranked_is_not_drawn_and_the_axis_says_so():
     """ncnn's Vulkan path on a software driver (300 ms where the CPU targets take 5): its bar would squeeze them."""
-    manifest = full_manifest()
-    gpu = target("vulkan", "vulkan", "fp16", 7_000_000, "passed")
-    gpu["runtime"] = "ncnn"
-    manifest["targets"].append(gpu)
-    manifest["verification"]["vulkan"] = manifest["verification"]["xnnpack"]
-    manifest["benchmarks"]["vulkan"] = benchmark("ncnn-vulkan", 300.0, 290.0, 310.0, 7_000_000)
-    rows = report_data.table_rows(manifest)
+    rows = report_data.table_rows(with_software_gpu_target(full_manifest(), 300.0))
     assert [row.label for row in plots.timed(rows)] == ["eager fp32", "xnnpack", "qnnpack"]
     drawn = plots.figure("mnv2", rows)
     latency = next(axes for axes in drawn.axes if axes.get_xlabel().startswith("median latency"))

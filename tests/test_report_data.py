@@ -5,11 +5,10 @@ import pytest
 from report_manifests import (
     HEADER,
     TOOLCHAIN,
-    benchmark,
     compressed_manifest,
     full_manifest,
     manifest_file,
-    target,
+    with_software_gpu_target,
     write,
 )
 
@@ -405,13 +404,7 @@ def test_the_latency_note_says_how_each_timing_was_kept_apart_from_the_stages():
 
 def test_a_route_whose_host_timings_are_not_a_phones_is_shown_but_never_shipped():
     """ncnn's Vulkan path on a software driver: however fast, not the artifact to ship."""
-    manifest = full_manifest()
-    gpu = target("vulkan", "vulkan", "fp32", 7_000_000, "passed")
-    gpu["runtime"] = "ncnn"
-    manifest["targets"].append(gpu)
-    manifest["verification"]["vulkan"] = manifest["verification"]["xnnpack"]
-    manifest["benchmarks"]["vulkan"] = benchmark("ncnn-vulkan", 1.0, 0.9, 1.1, 7_000_000)
-    lines = report_data.recommend(report_data.table_rows(manifest))
+    lines = report_data.recommend(report_data.table_rows(with_software_gpu_target(full_manifest(), 1.0, "fp32")))
     assert lines[0].startswith("Ship xnnpack ")
     left_out = next(line for line in lines if line.startswith("Faster, but left out"))
     assert "vulkan (1.00 ms): timed on the host's Vulkan driver" in left_out and "not a phone GPU's speed" in left_out
