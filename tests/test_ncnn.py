@@ -79,13 +79,15 @@ def argsort():
     return Argsort().eval()
 
 
-def to_ncnn(factory, specs, folder, name="model", precision="fp32"):
-    """The ncnn stage on `factory`'s model, fused and stored as the fuse stage stores it: (the zip, the model)."""
+def to_ncnn(factory, specs, folder, name="model", precision="fp32", **quantization):
+    """The ncnn stage on `factory`'s model (a function of this module or `module:function`), fused and stored as the
+    fuse stage stores it: (the zip, the model). `quantization`: int8's calibration, weights, exclude, observer."""
     model = factory()
     folder = Path(folder)
     fused = fuse.fuse(model, "auto")[0]
-    rebuild = tiny_models.stored_fused(fused, folder / f"{name}-fused.pt", factory=f"test_ncnn:{factory.__name__}")
-    config = ConvertConfig(precision=precision, inputs=specs, **rebuild)
+    where = f"{factory.__module__}:{factory.__name__}"
+    rebuild = tiny_models.stored_fused(fused, folder / f"{name}-fused.pt", factory=where)
+    config = ConvertConfig(precision=precision, inputs=specs, **rebuild, **quantization)
     output = folder / f"{name}.ncnn.zip"
     with reproducible.stage_session():
         convert.run({"model": folder / f"{name}-fused.pt"}, config, output)
@@ -208,7 +210,8 @@ def test_the_routes_and_their_section():
     cpu, vulkan = routes.get("ncnn", "ncnn"), routes.get("vulkan", "ncnn")
     assert cpu.runs_on_host and vulkan.runs_on_host and cpu.suffix == vulkan.suffix == ".ncnn.zip"
     assert routes.default_runtime("ncnn") == "ncnn" and routes.default_runtime("vulkan") == "pytorch-mobile"
-    assert cpu.int8 is None and cpu.checks.layers is None
+    assert cpu.int8.by == vulkan.int8.by == "final" and "int8" in cpu.precisions and "int8" in vulkan.precisions
+    assert cpu.observers[0] == "histogram"
     assert cpu.runs_in.arm64.runner.endswith("ncnn.worker.guest") and vulkan.runs_in.arm64 is None  # a CPU path
     assert routes.not_installed(ncnn_route.PACKAGES, {"ncnn": None, "pnnx": "1"}).endswith("'mobilebuild[ncnn]'")
 
@@ -242,18 +245,20 @@ def test_timms_mobilenetv3_converts_and_matches(tmp_path):
 
 @pytest.mark.slow
 def test_a_recipe_builds_verifies_and_benches_ncnn_cpu_and_vulkan_targets(project):
-    """Through real doit: CPU fp32 and fp16 weights, and Vulkan where ncnn finds a device."""
-    targets = [{"backend": "ncnn"}, {"backend": "ncnn", "name": "ncnn-fp16", "precision": "fp16"}]
+    """Through real doit: CPU fp32, fp16 and int8, and Vulkan fp16 and int8 where ncnn finds a device."""
+    targets = [{"backend": "ncnn"}, {"backend": "ncnn", "name": "ncnn-fp16", "precision": "fp16"},
+               {"backend": "ncnn", "name": "ncnn-int8", "precision": "int8"}]
     vulkan = runtime.gpu()[0] > 0
     if vulkan:
-        targets.append({"backend": "vulkan", "runtime": "ncnn"})
+        targets += [{"backend": "vulkan", "runtime": "ncnn"},
+                    {"backend": "vulkan", "runtime": "ncnn", "name": "vulkan-ncnn-int8", "precision": "int8"}]
     project.write_recipe({
         "name": "tiny", "model": {"factory": "tinynet:make", "seed": 0, "batchnorm_stats": 2},
         "input": {"shape": [1, 3, 8, 8]}, "benchmark": {"warmup": 1, "iters": 5}, "targets": targets})
     built = project.run()
     assert built.returncode == 0, built.stdout + built.stderr
     assert "llvmpipe" not in built.stdout + built.stderr and "#####" not in built.stdout + built.stderr
-    ids = ["ncnn", "ncnn-fp16", *(["vulkan-ncnn"] if vulkan else [])]
+    ids = ["ncnn", "ncnn-fp16", "ncnn-int8", *(["vulkan-ncnn", "vulkan-ncnn-int8"] if vulkan else [])]
     for target in ids:
         verification = json.loads(project.artifact(f"tiny/verify-{target}.json").read_text())
         assert verification["status"] == "passed", verification
@@ -261,6 +266,8 @@ def test_a_recipe_builds_verifies_and_benches_ncnn_cpu_and_vulkan_targets(projec
         assert bench["status"] == "ran", bench
     cpu = json.loads(project.artifact("tiny/verify-ncnn.json").read_text())
     assert cpu["metrics"]["sqnr_db"] > FP32_DB and cpu["artifact"]["precision"] == "fp32"
+    quantized = json.loads(project.artifact("tiny/verify-ncnn-int8.json").read_text())
+    assert quantized["artifact"]["int8_layers"] > 0 and quantized["thresholds"]["sqnr_db"] == 15
     if vulkan:
         gpu = json.loads(project.artifact("tiny/verify-vulkan-ncnn.json").read_text())
         assert gpu["artifact"]["precision"] == "fp16" and gpu["artifact"]["vulkan_device"]

@@ -27,9 +27,10 @@ from pathlib import Path
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.routes.ncnn.worker import runtime
+from mobilebuild.routes.ncnn import plan
+from mobilebuild.routes.ncnn.worker import int8, runtime
 from mobilebuild.worker import capture_root, failures, outputs, progress
-from mobilebuild.worker.stages import fuse, modeling
+from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
 
 PARAM, BIN = runtime.PARAM, runtime.BIN
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: no build time in the bytes
@@ -99,12 +100,13 @@ def last_saying(log):
     return (saying or lines or ["no output"])[-1]
 
 
-def convert(traced, folder, examples, precision):
-    """pnnx on the TorchScript file `traced`, writing everything into `folder`: (the .param, the .bin)."""
+def convert(traced, folder, examples, weights):
+    """pnnx on the TorchScript file `traced`, with `weights` fp32 or fp16, writing everything into `folder`: (the
+    .param, the .bin)."""
     folder = Path(folder)
     param, binary = folder / PARAM, folder / BIN
     argv = [str(pnnx_binary()), str(traced), f"inputshape={input_shapes(examples)}",
-            f"fp16={int(precision == 'fp16')}", "optlevel=2", "device=cpu",
+            f"fp16={int(weights == 'fp16')}", "optlevel=2", "device=cpu",
             f"pnnxparam={folder / 'model.pnnx.param'}", f"pnnxbin={folder / 'model.pnnx.bin'}",
             f"pnnxpy={folder / 'model_pnnx.py'}", f"pnnxonnx={folder / 'model.pnnx.onnx'}",
             f"ncnnparam={param}", f"ncnnbin={binary}", f"ncnnpy={folder / 'model_ncnn.py'}"]
@@ -154,15 +156,32 @@ def write_zip(files, output, precision):
             archive.writestr(entry, Path(path).read_bytes())
 
 
+def quantize(param, binary, model, captured, config):
+    """Rewrites pnnx's fp32 files as ncnn's int8 model (int8.quantized), calibrated on the recipe's batches."""
+    layers = int8.parse(param.read_text())
+    named = int8.layer_modules(model, lambda: captured(*examples_of(config.inputs)), layers)
+    kept = int8.kept_float(exclusion.resolve(model, config.exclude), named)
+    files = {PARAM: param.read_bytes(), BIN: binary.read_bytes()}
+    text, data, _ = int8.quantized(param.read_text(), files[BIN], files,
+                                   calibration.batches(config.calibration, config.inputs),
+                                   config.observer or plan.OBSERVERS[0], kept, config.weights == "per_tensor")
+    param.write_text(text)
+    binary.write_bytes(data)
+
+
 def run(inputs, config, output):
-    model = capture_root.nested(fuse.load(inputs["model"], config), len(config.inputs))
+    model = fuse.load(inputs["model"], config)
+    captured = capture_root.nested(model, len(config.inputs))
     examples = examples_of(config.inputs)
+    weights = "fp16" if config.precision == "fp16" else "fp32"
     with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as scratch:
         traced = Path(scratch, "model.pt")
-        names = trace(model, examples, traced)
-        progress.note(f"pnnx ({config.precision} weights)")
-        param, binary = convert(traced, scratch, examples, config.precision)
+        names = trace(captured, examples, traced)
+        progress.note(f"pnnx ({weights} weights)")
+        param, binary = convert(traced, scratch, examples, weights)
         check_converted(param, names)
+        if config.precision == "int8":
+            quantize(param, binary, model, captured, config)
         write_zip([param, binary], output, config.precision)
     # it loads and runs on ncnn's CPU path, the example's first sample
     runtime.load(output, None)(*examples)

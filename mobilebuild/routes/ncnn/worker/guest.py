@@ -60,6 +60,11 @@ def as_blob(array):
     return array.astype(numpy.int32) if array.dtype.kind in "iub" else array.astype(numpy.float32, copy=False)
 
 
+def mat(sample):
+    """One sample (an array with a batch axis of one) as an ncnn.Mat without it."""
+    return ncnn.Mat(as_blob(sample), batch_index=0).clone()
+
+
 def runner(found):
     """arrays (forward's inputs, a batch each) -> [the outputs' arrays], a sample at a time."""
     inputs, outputs = numbered(found.input_names()), numbered(found.output_names())
@@ -70,12 +75,12 @@ def runner(found):
         for sample in range(batch):
             extractor = found.create_extractor()
             for name, array in zip(inputs, arrays, strict=True):
-                extractor.input(name, ncnn.Mat(as_blob(array[sample:sample + 1]), batch_index=0).clone())
+                extractor.input(name, mat(array[sample:sample + 1]))
             for index, name in enumerate(outputs):
-                status, mat = extractor.extract(name)
+                status, found_mat = extractor.extract(name)
                 if status != 0:
                     raise RuntimeError(f"ncnn could not compute {name} (extract returned {status})")
-                produced[index].append(numpy.array(mat.numpy(batch_index=0)))
+                produced[index].append(numpy.array(found_mat.numpy(batch_index=0)))
         return [numpy.concatenate(parts) for parts in produced]
 
     run.inputs = inputs

@@ -19,7 +19,7 @@ import torch
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.routes.ncnn.plan import VULKAN_RUNTIME
-from mobilebuild.routes.ncnn.worker import guest
+from mobilebuild.routes.ncnn.worker import guest, int8
 from mobilebuild.worker import quiet
 
 PARAM, BIN = guest.PARAM, guest.BIN
@@ -126,6 +126,8 @@ def inspect(path, config):
              "inputs": [name for kind, name, _, _ in layers if kind == "Input"],
              "outputs": output_blobs(files[PARAM].decode()),
              "param_bytes": len(files[PARAM]), "bin_bytes": len(files[BIN])}
+    if precision == "int8":  # the layers given int8 scales (param key 8); the others run in fp32
+        facts["int8_layers"] = sum(1 for layer in int8.parse(files[PARAM].decode()) if layer.int(8))
     if vulkan_for(config):
         count, name = gpu()
         facts["vulkan_device"] = name if count else None
