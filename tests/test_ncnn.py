@@ -2,7 +2,6 @@
 and its Vulkan compute path (Mesa's llvmpipe where the host has no GPU)."""
 
 import json
-import tempfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -233,12 +232,9 @@ def test_timms_mobilenetv3_converts_and_matches(tmp_path):
     folder = tmp_path
     output = folder / "timm.ncnn.zip"
     config = SimpleNamespace(inputs=specs, precision="fp32")
-    with reproducible.stage_session(), tempfile.TemporaryDirectory() as scratch:
-        examples = convert.examples_of(specs)
-        names = convert.trace(model, examples, Path(scratch, "model.pt"))
-        param, binary = convert.convert(Path(scratch, "model.pt"), scratch, examples, config.precision)
-        convert.check_converted(param, names)
-        convert.write_zip([param, binary], output, config.precision)
+    with reproducible.stage_session():
+        files = convert.converted(model, convert.examples_of(specs), config.precision)
+        convert.write_zip(files, output, config.precision)
     x = modeling.example_inputs(specs, seed=9, batch=2)[0]
     assert sqnr_db(reference(model, x), run(output, x)) > FP32_DB
 

@@ -12,7 +12,8 @@ from torch.ao import quantization
 from torch.ao.quantization import quantize_fx
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.routes.ncnn.worker import guest, int8, runtime
+from mobilebuild.routes.ncnn.plan import ConvertConfig
+from mobilebuild.routes.ncnn.worker import guest, int8, layers, runtime
 from mobilebuild.worker.metrics import sqnr_db
 from mobilebuild.worker.stages import modeling
 from mobilebuild.worker.stages.calibration import batches as calibration_batches
@@ -177,3 +178,18 @@ def mobilenet():
         for seed in range(2):
             model(modeling.example_inputs([spec("input", [1, 3, 96, 96])], seed=seed, batch=8)[0])
     return model.eval()
+
+
+def test_each_int8_layer_is_compared_alone_and_named_by_its_module(quantized):
+    """The comparison hook (routes/ncnn/worker/layers.py) on the conv net: its two fused Conv-BN-ReLU and its
+    classifier, by module; the first requantizes to the second, its int8 output read back at the second's scale."""
+    path, _, _ = quantized
+    folder = path.parent
+    config = ConvertConfig(precision="int8", inputs=[IMAGE], model={"factory": "test_ncnn:conv_net"}, fuse="auto")
+    chunks = [modeling.example_inputs([IMAGE], seed=seed) for seed in range(3)]
+    errors, method, _ = layers.compare({"model": folder / "int8-fused.pt", "artifact": path}, config, chunks)
+    ranked, uncompared = errors.results()
+    assert method == "ncnn" and not uncompared
+    assert sorted((row["name"], row["op"]) for row in ranked) == [
+        ("features.0", "ConvReLU2d"), ("features.3", "ConvReLU2d"), ("head", "Linear")]
+    assert all(row["sqnr_db"] > INT8_DB for row in ranked), ranked

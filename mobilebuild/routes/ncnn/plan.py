@@ -68,6 +68,12 @@ def notes(facts):
             "phone GPU's"] if device else []
 
 
+def blob_layers(chain, common, files):
+    """Each int8 layer of the shipped model against pnnx's fp32 conversion of the float model, fed its input blob."""
+    return chain.layers_node(stages.LayersConfig(method="mobilebuild.routes.ncnn.worker.layers", **common), {},
+                             files)
+
+
 def preflight(check):
     """Loading the converted model in ncnn, the host run every check makes, is all there is to check."""
 
@@ -85,7 +91,9 @@ stages.register(stages.Stage(
     "ncnn models (.param and .bin, zipped) converted by pnnx: fp32 or fp16 weights, or int8 calibrated.", "#f6b26b",
     plan=plan,
     module="mobilebuild.routes.ncnn.worker.convert"))
-CHECKS = Checks(preflight=preflight, outputs=outputs, input_dtypes=("float32", "int32", "int64"),
+CHECKS = Checks(preflight=preflight, outputs=outputs, layers=blob_layers,
+                layer_methods={"ncnn": "ncnn, layer by layer: each int8 layer fed the fp32 conversion's input blob"},
+                input_dtypes=("float32", "int32", "int64"),
                 input_dtypes_why="ncnn's blobs hold floats, and integers as int32 (token ids: the runtime passes "
                                  "int64 ones as int32)")
 

@@ -146,27 +146,34 @@ def check_converted(param, names):
 
 
 def write_zip(files, output, precision):
-    """The files in one zip under their own names, sorted, stored, with fixed times and modes: the same files give
-    the same bytes. Its comment names the precision the runtime sets ncnn's fp16 options for (guest.read)."""
+    """The files ({name: bytes}) in one zip, sorted, stored, with fixed times and modes: the same files give the same
+    bytes. Its comment names the precision the runtime sets ncnn's fp16 options for (guest.read)."""
     with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_STORED) as archive:
         archive.comment = f"{runtime.guest.PRECISION}{precision}".encode()
-        for path in sorted(files, key=lambda p: Path(p).name):
-            entry = zipfile.ZipInfo(Path(path).name, date_time=FIXED_TIME)
+        for name in sorted(files):
+            entry = zipfile.ZipInfo(name, date_time=FIXED_TIME)
             entry.external_attr = 0o644 << 16
-            archive.writestr(entry, Path(path).read_bytes())
+            archive.writestr(entry, files[name])
 
 
-def quantize(param, binary, model, captured, config):
-    """Rewrites pnnx's fp32 files as ncnn's int8 model (int8.quantized), calibrated on the recipe's batches."""
-    layers = int8.parse(param.read_text())
-    named = int8.layer_modules(model, lambda: captured(*examples_of(config.inputs)), layers)
+def converted(model, examples, weights):
+    """pnnx's conversion of `model` (traced at `examples`) with fp32 or fp16 `weights`: {PARAM: bytes, BIN: bytes}."""
+    with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as scratch:
+        traced = Path(scratch, "model.pt")
+        names = trace(model, examples, traced)
+        param, binary = convert(traced, scratch, examples, weights)
+        check_converted(param, names)
+        return {PARAM: param.read_bytes(), BIN: binary.read_bytes()}
+
+
+def quantize(files, model, captured, config):
+    """pnnx's fp32 files rewritten as ncnn's int8 model (int8.quantized), calibrated on the recipe's batches."""
+    param = files[PARAM].decode()
+    named = int8.layer_modules(model, lambda: captured(*examples_of(config.inputs)), int8.parse(param))
     kept = int8.kept_float(exclusion.resolve(model, config.exclude), named)
-    files = {PARAM: param.read_bytes(), BIN: binary.read_bytes()}
-    text, data, _ = int8.quantized(param.read_text(), files[BIN], files,
-                                   calibration.batches(config.calibration, config.inputs),
+    text, data, _ = int8.quantized(param, files[BIN], files, calibration.batches(config.calibration, config.inputs),
                                    config.observer or plan.OBSERVERS[0], kept, config.weights == "per_tensor")
-    param.write_text(text)
-    binary.write_bytes(data)
+    return {PARAM: text.encode(), BIN: data}
 
 
 def run(inputs, config, output):
@@ -174,14 +181,10 @@ def run(inputs, config, output):
     captured = capture_root.nested(model, len(config.inputs))
     examples = examples_of(config.inputs)
     weights = "fp16" if config.precision == "fp16" else "fp32"
-    with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as scratch:
-        traced = Path(scratch, "model.pt")
-        names = trace(captured, examples, traced)
-        progress.note(f"pnnx ({weights} weights)")
-        param, binary = convert(traced, scratch, examples, weights)
-        check_converted(param, names)
-        if config.precision == "int8":
-            quantize(param, binary, model, captured, config)
-        write_zip([param, binary], output, config.precision)
+    progress.note(f"pnnx ({weights} weights)")
+    files = converted(captured, examples, weights)
+    if config.precision == "int8":
+        files = quantize(files, model, captured, config)
+    write_zip(files, output, config.precision)
     # it loads and runs on ncnn's CPU path, the example's first sample
     runtime.load(output, None)(*examples)
