@@ -232,8 +232,11 @@ def quantized(param_text, data, files, batches, observer, kept=(), per_tensor=Fa
     spans(layers, data)
     chosen = [layer for layer in layers if layer.type in QUANTIZED and layer.name not in kept]
     if not chosen:
-        raise MobileBuildError("the model has no Convolution, ConvolutionDepthWise or InnerProduct layer left to "
-                               "quantize: ncnn's int8 is theirs", field="quantize.exclude" if kept else "model")
+        weighted = sorted({layer.type for layer in layers if layer.data and layer.type not in QUANTIZED})
+        has = f" (its weights are in {', '.join(weighted)} layers)" if weighted else ""
+        raise MobileBuildError(f"the model has no Convolution, ConvolutionDepthWise or InnerProduct layer left to "
+                               f"quantize{has}: the int8 built here is those layers', calibrated; keep this model on "
+                               "ncnn's fp32 or fp16", field="quantize.exclude" if kept else "model")
     progress.note(f"calibrating {len(chosen)} layer(s)")
     scales = observed_scales(files, chosen, batches, observer)
     terms = {layer.name: QUANTIZED[layer.type] for layer in chosen}
