@@ -23,12 +23,13 @@ import ctypes
 import struct
 import time
 
+import ncnn
 import numpy
 import torch
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.routes.ncnn.worker import guest
-from mobilebuild.worker import progress, quiet
+from mobilebuild.worker import progress
 from mobilebuild.worker.stages import quantize
 
 # The torch modules whose weights pnnx writes as one ncnn layer each, and those layers' weight-size keys
@@ -70,47 +71,38 @@ def parse(param_text):
     return [Layer(line) for line in lines[2:]]
 
 
-class _Counting:
-    """A reader that hands ncnn the .bin from `at` on and counts what it takes (ncnn.DataReader's read)."""
+class CountingReader(ncnn.DataReader):
+    """Hands ncnn the .bin's bytes from `at` on, and counts what it takes (ncnn.DataReader's read)."""
 
-    def __new__(cls, data, at):
-        import ncnn
+    def __init__(self, data, at):
+        super().__init__()
+        self.data, self.at = data, at
 
-        class Reader(ncnn.DataReader):
-            def __init__(self):
-                super().__init__()
-                self.at = at
+    def scan(self, format, pointer):
+        return 0
 
-            def scan(self, format, pointer):
-                return 0
-
-            def read(self, buffer, size):
-                size = min(size, len(data) - self.at)
-                ctypes.memmove(_capsule_pointer(buffer, None), data[self.at:self.at + size], size)
-                self.at += size
-                return size
-
-        return Reader()
+    def read(self, buffer, size):
+        size = min(size, len(self.data) - self.at)
+        ctypes.memmove(_capsule_pointer(buffer, None), self.data[self.at:self.at + size], size)
+        self.at += size
+        return size
 
 
 def spans(layers, data):
     """Each layer's bytes of the .bin, as ncnn's loader reads them: each layer alone (its bottoms made Input blobs)
     loads from where the one before stopped. Sets Layer.data."""
-    import ncnn
-
     at = 0
-    with quiet.native_stderr():
-        for layer in layers:
-            inputs = [f"Input {name} 0 1 {name}" for name in dict.fromkeys(layer.bottoms)]
-            net = ncnn.Net()
-            net.opt.use_vulkan_compute = False
-            blobs = len(set(layer.bottoms)) + len(layer.tops)
-            net.load_param_mem("\n".join([MAGIC, f"{len(inputs) + 1} {blobs}", *inputs, layer.line, ""]))
-            reader = _Counting(data, at)
-            if net.load_model(reader) != 0:
-                raise MobileBuildError(f"ncnn cannot read the weights of layer {layer.name} ({layer.type}) in pnnx's "
-                                       ".bin", field="model")
-            layer.data, at = data[at:reader.at], reader.at
+    for layer in layers:
+        inputs = [f"Input {name} 0 1 {name}" for name in dict.fromkeys(layer.bottoms)]
+        net = ncnn.Net()
+        net.opt.use_vulkan_compute = False
+        blobs = len(inputs) + len(layer.tops)
+        net.load_param_mem("\n".join([MAGIC, f"{len(inputs) + 1} {blobs}", *inputs, layer.line, ""]))
+        reader = CountingReader(data, at)
+        if net.load_model(reader) != 0:
+            raise MobileBuildError(f"ncnn cannot read the weights of layer {layer.name} ({layer.type}) in pnnx's "
+                                   ".bin", field="model")
+        layer.data, at = data[at:reader.at], reader.at
     if at != len(data):
         raise MobileBuildError(f"ncnn's layers read {at} of the .bin's {len(data)} bytes", field="model")
 
@@ -215,8 +207,6 @@ def weight_scales(weights, layer, per_tensor=False):
 def _int8_weights(weights, scales):
     """The weights quantized by ncnn's own quantize_to_int8 (each row by its scale), with ncnn's int8 tag, padded to
     four bytes as ncnn writes them."""
-    import ncnn
-
     options = ncnn.Option()
     options.use_packing_layout = False  # one value per element, as the .bin stores them
     options.num_threads = 1
