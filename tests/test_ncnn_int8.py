@@ -193,3 +193,13 @@ def test_each_int8_layer_is_compared_alone_and_named_by_its_module(quantized):
     assert sorted((row["name"], row["op"]) for row in ranked) == [
         ("features.0", "ConvReLU2d"), ("features.3", "ConvReLU2d"), ("head", "Linear")]
     assert all(row["sqnr_db"] > INT8_DB for row in ranked), ranked
+
+
+def test_a_model_with_a_dynamic_dim_calibrates_at_the_example_sizes_pnnx_converts_at(tmp_path):
+    """Random calibration cycles a dynamic dim through its example, smallest and largest sizes; pnnx converted at the
+    example's, so only those batches calibrate."""
+    image = {**IMAGE, "shape": [1, 3, 16, 16], "dynamic": [{"axis": 2, "name": "height", "min": 12, "max": 24},
+                                                           {"axis": 3, "name": "width", "min": 12, "max": 24}]}
+    path, model = to_ncnn(conv_net, [image], tmp_path, precision="int8", calibration=RANDOM)
+    x = modeling.example_inputs([image], seed=5, batch=2)[0]
+    assert sqnr_db(reference(model, x), run(path, x)) > INT8_DB

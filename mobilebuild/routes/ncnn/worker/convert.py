@@ -171,8 +171,9 @@ def quantize(files, model, captured, config):
     param = files[PARAM].decode()
     named = int8.layer_modules(model, lambda: captured(*examples_of(config.inputs)), int8.parse(param))
     kept = int8.kept_float(exclusion.resolve(model, config.exclude), named)
-    text, data, _ = int8.quantized(param, files[BIN], files, calibration.batches(config.calibration, config.inputs),
-                                   config.observer or plan.OBSERVERS[0], kept, config.weights == "per_tensor")
+    batches = calibration.at_example_sizes(config.calibration, config.inputs, "pnnx's conversion at them takes")
+    text, data, _ = int8.quantized(param, files[BIN], files, batches, config.observer or plan.OBSERVERS[0], kept,
+                                   config.weights == "per_tensor")
     return {PARAM: text.encode(), BIN: data}
 
 
