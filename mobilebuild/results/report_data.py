@@ -470,7 +470,11 @@ def _quality(row):
 
 def _pitch(row, eager):
     speed = _ratio(eager.median_ms, row.median_ms)
-    return (f"{two_or_three_decimals(row.median_ms)} ms median" + (f" ({speed} eager fp32)" if speed != NONE else "")
+    # eager's harness, where another timed the row (a language model's engine against eager's generator)
+    harness = _get(eager.benchmark, "harness")
+    other = f", timed by {harness}" if harness and _get(row.benchmark, "harness") not in (None, harness) else ""
+    return (f"{two_or_three_decimals(row.median_ms)} ms median"
+            + (f" ({speed} eager fp32{other})" if speed != NONE else "")
             + f", {_megabytes(row.size_bytes)} MB, {_quality(row)}")
 
 
@@ -497,16 +501,6 @@ def _host_caveat(candidates):
             "may rank these artifacts otherwise; time them on the device (benchmark.device) before choosing on speed.")
 
 
-def _other_harness(row, harness):
-    """Why a row is not ranked with the others (None when it is): its timings come from another harness than the
-    eager baseline's (a language model's: lm_bench times every row by its runtime's generator, the harness the
-    ranking compares; a result written before it did may have the LLM runner's only)."""
-    found = _get(row.benchmark, "harness")
-    if harness is None or found in (None, harness) or row.median_ms is None:
-        return None
-    return f"timed by {found}, the others by {harness}: not ranked against them"
-
-
 def unranked(row):
     """Why its route's host timings are no candidate's (ncnn's Vulkan path on a software driver), or None."""
     route = routes.get(row.backend, row.runtime)
@@ -516,19 +510,19 @@ def unranked(row):
 def recommend(rows):
     """Lines that answer "which artifact do I ship?": the fastest host-verified artifact that passes the default
     thresholds, the best of each runtime family, what is faster but left out (and why), what only a device can
-    measure. Like with like: where the timings name their harness, only rows timed as the eager baseline was are
-    ranked."""
+    measure. A language model's rows are each timed by what its app runs (lm_bench: the engine its family embeds,
+    else its runtime's generator): the line names the harness, or where they differ the generation table does."""
     eager, targets = rows[0], rows[1:]
     if not targets:
         return []
-    harness = _get(eager.benchmark, "harness")
-    why = {row.label: shortfall(row) or _other_harness(row, harness) or unranked(row)
-           for row in targets}  # None: a candidate
+    why = {row.label: shortfall(row) or unranked(row) for row in targets}  # None: a candidate
     candidates = sorted((row for row in targets if why[row.label] is None), key=lambda row: row.median_ms)
     lines = []
     if candidates:
         best = candidates[0]
-        timed = f", each timed by {harness}" if harness else ""
+        harnesses = {_get(row.benchmark, "harness") for row in candidates} - {None}
+        timed = (f", each timed by {harnesses.pop()}" if len(harnesses) == 1 else
+                 ", each timed by what its app runs (the generation table's 'timed by')" if harnesses else "")
         lines.append(f"Ship {best.label} ({_runs_on(best)}): the fastest of {len(candidates)} artifact(s) verified "
                      f"on this host that pass the default thresholds{timed}; {_pitch(best, eager)}.")
         lines.append(_host_caveat(candidates))
@@ -643,15 +637,15 @@ def _notes(rows):
         for row in rows if row.median_ms is not None)
     notes.extend(f"latency ({', '.join(labels)}): {text}" for text, labels in settings.items())
 
-    # a language model's timings: a generator from Python for every row, ExecuTorch's LLM runner (steps in C++)
-    # beside it for its programs (docs/llm.md)
+    # a language model's timings: the engine its family's apps embed (no Python between steps), else its runtime's
+    # generator from Python, which also cross-checks every engine's row (docs/llm.md)
     harnesses = _grouped((row.label, row.benchmark["harness"]) for row in rows if "harness" in row.benchmark)
     if len(harnesses) > 1:
         notes.extend(f"timed by ({', '.join(labels)}): {text}" for text, labels in harnesses.items())
-    runners = _grouped((row.label, _get(_runner(row), "harness")) for row in rows if _runner(row))
-    notes.extend(f"also timed by ({', '.join(labels)}): {_text(text)}, what an app runs (no Python between steps): "
-                 "its figures are the generation table's runner columns, not ranked, since the other rows have no "
-                 "such harness" for text, labels in runners.items())
+    checked = [row.label for row in rows if _cross_check(row)]
+    if checked:
+        notes.append(f"cross-check ({', '.join(checked)}): also timed by its runtime's generator from Python, the "
+                     "harness of the rows without an engine: the generation table's generator columns, not ranked")
 
     devices = _grouped((row.label, _device(row.benchmark["device"])) for row in rows if "device" in row.benchmark)
     benchmarked = [row.label for row in rows if row.benchmark]
@@ -736,16 +730,14 @@ def _section(manifest):
 
 
 GENERATION_TITLE = ("Generation, token by token (a language model with its KV cache; the main table's latency is one "
-                    "decode step, timed for every row by its runtime's generator from Python, which the ranking "
-                    "compares; the runner an app embeds beside it, where its family has one and it timed a row): time "
-                    "to first token per prompt length, greedy agreement with eager, the lowest logits SQNR, held-out "
-                    "perplexity")
+                    "decode step, timed by what an app runs: the engine its family embeds where it has one, else its "
+                    "runtime's generator from Python, which cross-checks the engines' rows): time to first token per "
+                    "prompt length, greedy agreement with eager, the lowest logits SQNR, held-out perplexity")
 
 
-def _runner(row):
-    """The timings of the family's app runner (ExecuTorch's LLM runner, onnxruntime-genai's loop, LiteRT-LM's engine)
-    beside the generator's (lm_bench), {} where it did not time the row."""
-    return _dict(_get(row.benchmark, "runner")) if row.timing("median_ms") is not None else {}
+def _cross_check(row):
+    """The generator's timings of a row an engine timed (lm_bench), {} where there are none."""
+    return _dict(_get(row.benchmark, "generator")) if row.timing("median_ms") is not None else {}
 
 
 def _per_length(timings, key, digits):
@@ -764,20 +756,21 @@ def _on_device(row):
                      ) + f" on {found.get('serial')}"
 
 
-RANKED = "generator, from Python (ranked)"
-RUNNER = "the app's runner (not ranked)"
+RANKED = "what an app runs (ranked)"
+CROSS_CHECK = "its runtime's generator, from Python (cross-check)"
 GENERATION_COLUMNS = [
     Column("target", "", False, lambda row: row.label),
     Column("precision", "", False, lambda row: _text(row.precision)),
     Column("status", "", False, lambda row: row.status),
     Column("size (MB)", "", True, lambda row: _megabytes(row.size_bytes)),
+    Column("timed by", RANKED, False, lambda row: _text(_get(row.benchmark, "harness"))
+           if row.timing("median_ms") is not None else NONE),
     Column("TTFT ms (prompt length: ms)", RANKED, True, lambda row: _per_length(row.benchmark, "ttft_ms", 2)),
     Column("decode tokens/s", RANKED, True, lambda row: _fixed(finite(_get(row.benchmark, "decode_tokens_per_s")), 0)),
-    Column("runner", RUNNER, False, lambda row: _text(_get(_runner(row), "harness")) if _runner(row) else NONE),
-    Column("runner TTFT ms", RUNNER, True, lambda row: _per_length(_runner(row), "ttft_ms", 2)
-           if _runner(row) else NONE),
-    Column("runner decode tokens/s", RUNNER, True,
-           lambda row: _fixed(finite(_get(_runner(row), "decode_tokens_per_s")), 0)),
+    Column("generator TTFT ms", CROSS_CHECK, True, lambda row: _per_length(_cross_check(row), "ttft_ms", 2)
+           if _cross_check(row) else NONE),
+    Column("generator decode tokens/s", CROSS_CHECK, True,
+           lambda row: _fixed(finite(_get(_cross_check(row), "decode_tokens_per_s")), 0)),
     Column("peak RSS (MB)", "", True, lambda row: _fixed(finite(_get(row.benchmark, "peak_rss_mb")), 0)),
     Column("greedy agreement", "", True, lambda row: _fixed(row.metric("agreement"), 3)),
     Column("SQNR (dB)", "", True, lambda row: _fixed(row.metric("sqnr_db"), 1)),
@@ -791,8 +784,8 @@ def _generation(rows):
     """The token-by-token table of a language model's recipe, or None for any other."""
     if not any(_get(row.benchmark, "generation") or _get(row.verification, "generation") for row in rows):
         return None
-    # the runner's columns only where it timed a row
-    columns = [column for column in GENERATION_COLUMNS if column.group != RUNNER or any(map(_runner, rows))]
+    # the cross-check's columns only where an engine timed a row
+    columns = [column for column in GENERATION_COLUMNS if column.group != CROSS_CHECK or any(map(_cross_check, rows))]
     return Table(columns, [[column.cell(row) for column in columns] for row in rows], [row.state for row in rows])
 
 

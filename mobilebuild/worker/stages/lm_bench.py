@@ -6,11 +6,13 @@ Time to first token, per prompt length: the prefill of the prompt and the choice
 new tokens after it, one step each (greedy), as tokens per second. The prompts are fixed token ids (the timings
 do not depend on their values).
 
-The harness: every artifact, and eager transformers, is timed by its runtime's generator, a step at a time from
-Python (worker/lm.py): the one harness every row has, which the report ranks on. Where its family has a runner that
-apps embed (the runtime module's `app_runner`: ExecuTorch's LLM runner for an export_llm program, with the recipe's
-tokenizer or a byte-level one), the artifact is timed by it too (its prompt as text, no Python between steps), under
-"runner", and on an Android device where benchmark.device selects one.
+The harness: what an app runs. Where the artifact's family has an engine that apps embed (the runtime module's
+`app_runner`: ExecuTorch's LLM runner for an export_llm program with a tokenizer, onnxruntime-genai's generation loop
+for its model folder, LiteRT-LM's engine for its bundle), the artifact is timed by it (its prompt as text, no Python
+between steps): those are the row's figures, which the report ranks, and the harness names it. Every artifact, and
+eager transformers, is also timed by its runtime's generator, a step at a time from Python (worker/lm.py): the row's
+figures where there is no engine, else a cross-check under "generator". On an Android device where
+benchmark.device selects one, the engine times it there too.
 """
 
 import json
@@ -43,21 +45,21 @@ def measure(spec):
         vocab = generator.forward(torch.zeros(1, 1, dtype=torch.long), 0).shape[-1]
         # the decode steps are many per run: fewer runs than the bench stage's single forwards give as many samples
         runs = max(1, settings["iters"] // max(config.new_tokens, 1))
-        found = timings({str(length): generator_timings(generator, length, config.new_tokens, settings["warmup"],
-                                                        runs) for length in config.prompt_lengths})
+        found = {"harness": GENERATOR, **timings({str(length): generator_timings(
+            generator, length, config.new_tokens, settings["warmup"], runs) for length in config.prompt_lengths})}
         runner = runtimes.app_runner(config)
         refused = runner.refusal_for(generator, spec["tokenizer"], vocab) if runner else None
         if runner and not refused:
             try:
-                found["runner"] = {"harness": runner.HARNESS, **timings(runner.host_timings(
+                found = {"harness": runner.HARNESS, **timings(runner.host_timings(
                     spec["path"], spec["scratch"], config.prompt_lengths, config.new_tokens, settings["warmup"], runs,
-                    spec["tokenizer"], vocab))}
-            except (RuntimeError, UnicodeDecodeError) as exc:  # the runner's failure, said; the generator's timing
+                    spec["tokenizer"], vocab)), "generator": found}
+            except (RuntimeError, UnicodeDecodeError) as exc:  # the engine's failure, said; the generator's timing
                 refused = f"{runner.HARNESS} failed: {type(exc).__name__}: {modeling.first_line(exc)}"  # stands
     alone = time.perf_counter() - alone_since
     return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
-            "vocab": vocab, "harness": GENERATOR, "runner_refused": refused, "waited_for_stages_s": waited,
-            "alone_s": alone, "isolation": measure_alone.isolation()}
+            "vocab": vocab, "runner_refused": refused, "waited_for_stages_s": waited, "alone_s": alone,
+            "isolation": measure_alone.isolation()}
 
 
 def timings(per_length):
@@ -106,8 +108,8 @@ def run(inputs, config, output):
     with open(output, "w") as handle:
         json.dump(result, handle, indent=2, sort_keys=True)
     print(f"   {timings_line(result)}; peak RSS {result['peak_rss_mb']:.0f} MB ({result['harness']})")
-    if "runner" in result:
-        print(f"   {result['runner']['harness']}: {timings_line(result['runner'])}")
+    if "generator" in result:
+        print(f"   cross-check, {GENERATOR}: {timings_line(result['generator'])}")
     if "device" in result:
         print(f"   device: {device_line(result['device'])}")
 
