@@ -18,7 +18,7 @@ from mobilebuild.routes.ncnn.plan import CPU_RUNTIME, VULKAN_RUNTIME, ConvertCon
 from mobilebuild.routes.ncnn.worker import convert, runtime
 from mobilebuild.worker import failures, reproducible
 from mobilebuild.worker.metrics import sqnr_db
-from mobilebuild.worker.stages import fuse, modeling
+from mobilebuild.worker.stages import checkpoint, fuse, modeling
 
 ncnn = pytest.importorskip("ncnn")
 
@@ -219,16 +219,8 @@ def test_the_routes_and_their_section():
 def test_timms_mobilenetv3_converts_and_matches(tmp_path):
     timm = pytest.importorskip("timm")
     specs = [spec("input", [1, 3, 64, 64])]
-    model = timm.create_model("mobilenetv3_small_050", pretrained=False).eval()
-    with torch.no_grad():  # batch-norm statistics of the data, as the checkpoint stage's batchnorm_stats does
-        model.train()
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.reset_running_stats()
-                module.momentum = None
-        for seed in range(2):
-            model(modeling.example_inputs(specs, seed=seed, batch=8)[0])
-        model.eval()
+    model = timm.create_model("mobilenetv3_small_050", pretrained=False)
+    checkpoint.reestimate_batchnorm(model, specs, 2, seed=0)  # as the checkpoint stage's batchnorm_stats does
     folder = tmp_path
     output = folder / "timm.ncnn.zip"
     config = SimpleNamespace(inputs=specs, precision="fp32")
