@@ -7,6 +7,7 @@ import zipfile
 import pytest
 import torch
 from test_ncnn import IMAGE, conv_net, mlp, reference, run, spec, to_ncnn
+from torch import nn
 from torch.ao import quantization
 from torch.ao.quantization import quantize_fx
 
@@ -193,4 +194,32 @@ def test_a_model_with_a_dynamic_dim_calibrates_at_the_example_sizes_pnnx_convert
                                                            {"axis": 3, "name": "width", "min": 12, "max": 24}]}
     path, model = to_ncnn(conv_net, [image], tmp_path, precision="int8", calibration=RANDOM)
     x = modeling.example_inputs([image], seed=5, batch=2)[0]
+    assert sqnr_db(reference(model, x), run(path, x)) > INT8_DB
+
+
+class DynamicWeight(nn.Module):
+    """A convolution whose weights the model computes (pnnx: a Convolution with dynamic_weight, 19=1), after two
+    modules' convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.kernel = nn.Conv2d(3, 8 * 3 * 9, 16)
+
+    def forward(self, x):
+        kernel = self.kernel(x).mean(0).reshape(8, 3, 3, 3)
+        return nn.functional.conv2d(self.conv(x)[:, :3], kernel)
+
+
+def dynamic_weight():
+    return DynamicWeight().eval()
+
+
+def test_a_convolution_of_computed_weights_stays_float_and_the_modules_still_pair(tmp_path):
+    path, model = to_ncnn(dynamic_weight, [IMAGE], tmp_path, precision="int8", calibration=RANDOM,
+                          exclude=["kernel"])
+    terms = {layer.name: layer.int(8) for layer in layers_of(path).values() if layer.type == "Convolution"}
+    assert sorted(terms.values()) == [0, 0, 2], terms  # the computed-weight one and the excluded one float
+    x = modeling.example_inputs([IMAGE], seed=3)[0]  # one sample: the kernel is a mean over the batch
     assert sqnr_db(reference(model, x), run(path, x)) > INT8_DB

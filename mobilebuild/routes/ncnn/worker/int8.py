@@ -120,7 +120,7 @@ def layer_modules(model, run, layers):
     finally:
         for hook in hooks:
             hook.remove()
-    weighted = [layer for layer in layers if layer.type in WEIGHT_SIZE_KEY]
+    weighted = [layer for layer in layers if layer.type in WEIGHT_SIZE_KEY and not layer.int(19)]  # weights held
     if len(called) != len(weighted) or any(layer.int(WEIGHT_SIZE_KEY[layer.type]) != module.weight.numel()
                                            for layer, (_, module) in zip(weighted, called, strict=True)):
         return {}
@@ -220,7 +220,8 @@ def quantized(param_text, data, files, batches, observer, kept=(), per_tensor=Fa
     .param text and .bin bytes), layers named in `kept` left float."""
     layers = parse(param_text)
     spans(layers, data)
-    chosen = [layer for layer in layers if layer.type in QUANTIZED and layer.name not in kept]
+    # a convolution whose weights are an input (param 19, dynamic_weight) has none to quantize: it stays float
+    chosen = [layer for layer in layers if layer.type in QUANTIZED and layer.name not in kept and not layer.int(19)]
     if not chosen:
         weighted = sorted({layer.type for layer in layers if layer.data and layer.type not in QUANTIZED})
         has = f" (its weights are in {', '.join(weighted)} layers)" if weighted else ""
