@@ -223,3 +223,9 @@ def test_a_convolution_of_computed_weights_stays_float_and_the_modules_still_pai
     assert sorted(terms.values()) == [0, 0, 2], terms  # the computed-weight one and the excluded one float
     x = modeling.example_inputs([IMAGE], seed=3)[0]  # one sample: the kernel is a mean over the batch
     assert sqnr_db(reference(model, x), run(path, x)) > INT8_DB
+
+
+def test_int8_conversions_are_byte_identical(quantized, tmp_path):
+    path, _, _ = quantized
+    again, _ = to_ncnn(conv_net, [IMAGE], tmp_path, name="again", precision="int8", calibration=RANDOM)
+    assert again.read_bytes() == path.read_bytes()
