@@ -7,6 +7,7 @@ every target has its own colour and marker, named once in the figure's legend.
 
 import io
 import json
+import textwrap
 from pathlib import Path
 
 from mobilebuild import store
@@ -153,8 +154,10 @@ def _latency_bars(axes, points, style, left_out=()):
     axes.set_yticks(list(positions), [legend_label(row) for row in points])
     axes.invert_yaxis()  # the table's order, top down
     axes.set_xlim(0, limit * 1.15)
+    whose = "their host timings are" if len(left_out) > 1 else "its host timing is"
     axes.set_xlabel("median latency on the host (ms), whiskers p10-p90" + (
-        f"; not drawn: {', '.join(left_out)} (its host timing is never ranked: see the notes)" if left_out else ""))
+        "\n" + textwrap.fill(f"not drawn: {', '.join(left_out)} ({whose} never ranked: see the notes)", 140)
+        if left_out else ""))
     axes.grid(axis="x", alpha=0.3)
     axes.set_axisbelow(True)
 
