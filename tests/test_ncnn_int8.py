@@ -12,6 +12,7 @@ from torch.ao import quantization
 from torch.ao.quantization import quantize_fx
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.ncnn import plan as ncnn_route
 from mobilebuild.routes.ncnn.plan import ConvertConfig
 from mobilebuild.routes.ncnn.worker import guest, int8, layers, runtime
 from mobilebuild.worker.metrics import sqnr_db
@@ -69,7 +70,8 @@ def test_a_conv_net_runs_in_int8_close_to_eager_with_int8_weights(quantized):
         if layer.type in int8.QUANTIZED:
             assert struct.unpack_from("<I", layer.data)[0] == int8.INT8_TAG
     facts = runtime.inspect(path, None)
-    assert facts["precision"] == "int8" and facts["int8_layers"] == 3
+    assert facts["precision"] == "int8" and facts["int8_layers"] == facts["weighted_layers"] == 3
+    assert ncnn_route.structure(facts).endswith("; 3 of 3 layers with weights int8, the rest fp32")
     assert facts["bin_bytes"] < 0.4 * runtime.inspect(fp32, None)["bin_bytes"]
     with zipfile.ZipFile(path) as archive:
         assert archive.comment == b"precision=int8"
@@ -152,7 +154,7 @@ def test_torchvisions_mobilenet_v2_in_int8_is_as_close_as_torchs_own_int8(tmp_pa
     path, model = to_ncnn(mobilenet, specs, tmp_path, precision="int8", exclude=["classifier.1"],
                           calibration=calibration)
     layers = layers_of(path)
-    assert sum(1 for layer in layers.values() if layer.int(8)) == 52
+    assert sum(1 for layer in layers.values() if int8.is_int8(layer)) == 52
     assert [layer.int(8) for layer in layers.values() if layer.type == "InnerProduct"] == [0]
     x = modeling.example_inputs(specs, seed=7, batch=4)[0]
     torch.backends.quantized.engine = "x86"
@@ -229,3 +231,31 @@ def test_int8_conversions_are_byte_identical(quantized, tmp_path):
     path, _, _ = quantized
     again, _ = to_ncnn(conv_net, [IMAGE], tmp_path, name="again", precision="int8", calibration=RANDOM)
     assert again.read_bytes() == path.read_bytes()
+
+
+class Attention(nn.Module):
+    """A convolution, then self-attention: pnnx writes the attention as MultiHeadAttention and a matmul as Gemm,
+    whose param 8 is no int8 scale term (Gemm's is its constantN)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 16, 3)
+        self.attention = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.projection = nn.Parameter(torch.randn(16, 12) / 4)
+
+    def forward(self, x):
+        tokens = self.conv(x).flatten(2).transpose(1, 2)
+        return self.attention(tokens, tokens, tokens, need_weights=False)[0] @ self.projection
+
+
+def attention():
+    return Attention().eval()
+
+
+def test_only_the_layers_ncnn_quantizes_count_as_int8(tmp_path):
+    path, model = to_ncnn(attention, [IMAGE], tmp_path, precision="int8", calibration=RANDOM)
+    facts = runtime.inspect(path, None)
+    assert facts["int8_layers"] == 1 and facts["weighted_layers"] > 1, facts
+    x = modeling.example_inputs([IMAGE], seed=3)[0]
+    assert sqnr_db(reference(model, x), run(path, x)) > INT8_DB

@@ -49,15 +49,16 @@ def plan(chain):
 
 
 def structure(facts):
-    """'41 layers (Convolution 12, ...); fp16' (int8: '; 52 layers int8'): what the .param holds and the precision
-    ncnn runs it in, read by verify."""
+    """'41 layers (Convolution 12, ...); fp16' (int8: '52 of 53 layers with weights int8, the rest fp32'): what the
+    .param holds and the precision ncnn runs it in, read by verify."""
     if facts.get("layers") is None:
         return ""
     kinds = sorted(mapping(facts.get("layer_types")).items(), key=lambda item: (-item[1], item[0]))
     shown = ", ".join(f"{kind} {count}" for kind, count in kinds[:4]) + (", ..." if len(kinds) > 4 else "")
     precision = text(facts.get("precision"))
     if facts.get("int8_layers") is not None:
-        precision = f"{text(facts.get('int8_layers'))} layers int8, the rest fp32"
+        precision = (f"{text(facts.get('int8_layers'))} of {text(facts.get('weighted_layers'))} layers with weights "
+                     "int8, the rest fp32")
     return f"{text(facts.get('layers'))} layers ({shown}); {precision}"
 
 

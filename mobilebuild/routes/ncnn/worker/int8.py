@@ -64,6 +64,12 @@ class Layer:
         return int(self.params.get(str(key), default))
 
 
+def is_int8(layer):
+    """Whether ncnn runs the layer in int8: one of QUANTIZED given scales (param 8, int8_scale_term; other layer
+    types use key 8 for other things, as Gemm its constantN)."""
+    return layer.type in QUANTIZED and layer.int(8) != 0
+
+
 def parse(param_text):
     lines = [line for line in param_text.splitlines() if line.strip()]
     if not lines or lines[0].strip() != MAGIC:

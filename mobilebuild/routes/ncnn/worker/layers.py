@@ -60,7 +60,7 @@ def compare(inputs, config, chunks):
     float_layers, layers = int8.parse(floating[guest.PARAM].decode()), int8.parse(shipped[guest.PARAM].decode())
     _same_graph(float_layers, layers)
     int8.spans(layers, shipped[guest.BIN])
-    quantized = [layer for layer in layers if layer.int(8)]
+    quantized = [layer for layer in layers if int8.is_int8(layer)]
     names = module_names(model, int8.layer_modules(model, lambda: captured(*examples), float_layers))
     float_net, int8_net = guest.net(floating, "fp32"), guest.net(shipped, "fp32")
     input_names = guest.numbered(float_net.input_names())

@@ -126,8 +126,11 @@ def inspect(path, config):
              "inputs": [name for kind, name, _, _ in layers if kind == "Input"],
              "outputs": output_blobs(files[PARAM].decode()),
              "param_bytes": len(files[PARAM]), "bin_bytes": len(files[BIN])}
-    if precision == "int8":  # the layers given int8 scales (param key 8); the others run in fp32
-        facts["int8_layers"] = sum(1 for layer in int8.parse(files[PARAM].decode()) if layer.int(8))
+    if precision == "int8":  # the layers given int8 scales, of those with weights; the others run in fp32
+        layers = int8.parse(files[PARAM].decode())
+        int8.spans(layers, files[BIN])
+        facts["int8_layers"] = sum(1 for layer in layers if int8.is_int8(layer))
+        facts["weighted_layers"] = sum(1 for layer in layers if layer.data)
     if vulkan_for(config):
         count, name = gpu()
         facts["vulkan_device"] = name if count else None
