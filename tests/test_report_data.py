@@ -410,3 +410,15 @@ def test_a_route_whose_host_timings_are_not_a_phones_is_shown_but_never_shipped(
     assert lines[0].startswith("Ship xnnpack ")
     left_out = next(line for line in lines if line.startswith("Faster, but left out"))
     assert "vulkan (1.00 ms): timed on the host's Vulkan driver" in left_out and "not a phone GPU's speed" in left_out
+
+
+def test_a_note_several_targets_share_is_one_line_naming_them():
+    manifest = with_software_gpu_target(full_manifest(), 300.0)
+    device = {"vulkan_device": "llvmpipe (LLVM 15.0.6, 256 bits)"}
+    manifest["verification"]["vulkan"] = {**manifest["verification"]["vulkan"], "artifact": device}
+    twin = {**manifest["targets"][-1], "target": "vulkan-fp32", "precision": "fp32"}
+    manifest["targets"].append(twin)
+    manifest["verification"]["vulkan-fp32"] = manifest["verification"]["vulkan"]
+    (section,) = report_data.build([manifest]).sections
+    said = [note for note in section.notes if "Vulkan device llvmpipe" in note]
+    assert len(said) == 1 and said[0].endswith("not a phone GPU's (vulkan, vulkan-fp32)"), said

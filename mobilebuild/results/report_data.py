@@ -580,12 +580,13 @@ def _structure(row):
 
 def _artifact_notes(rows):
     """What each artifact's route notes of what the host read from it (Runtime.notes: the operators an ExecuTorch
-    program runs outside its delegate), per target."""
+    program runs outside its delegate), a line per note naming the targets it holds for."""
+    said = []
     for row in rows:
         route = routes.get(row.backend, row.runtime)
         if route is not None and route.runs_in.notes is not None:
-            facts = _dict(_get(row.verification, "artifact"))
-            yield from (f"{line} ({row.label})" for line in route.runs_in.notes(facts))
+            said += [(row.label, line) for line in route.runs_in.notes(_dict(_get(row.verification, "artifact")))]
+    return [f"{line} ({', '.join(labels)})" for line, labels in _grouped(said).items()]
 
 
 def _failures(rows):
