@@ -13,11 +13,14 @@ artifact. CPU-heavy: run it niced.
 
 --columns builds some of the targets only (e.g. columns added to zoo.TARGETS after a kept run); a model's rows from
 several runs are shown as one row, with each build's time. --table --merge writes the page from the kept folder's
-rows.json (its "note" says how the rows were gathered) and other runs' rows.json files after it.
+rows.json (its "note" says how the rows were gathered) and other runs' rows.json files after it. A run of ncnn's
+columns only (zoo.NCNN) writes a table of its own instead, the section's "ncnn columns" subsection, and leaves the rest
+of the page as it is.
 """
 
 import datetime
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,6 +32,7 @@ from _bench import REPO, bytecode_env
 
 HUB_MODELS = Path(__file__).with_name("zoo") / "hub_models.py"
 SECTION = zoo.HUB_SECTION
+NCNN_HEADING = "### Hub zoo: ncnn columns"  # the ncnn columns' own table, at the end of the hub zoo's section
 IMAGE_SIZE = 64
 TEXT = {"length": 16, "vocabulary": 100}
 TEXT_INPUTS = [{"name": "input_ids", "shape": [1, TEXT["length"]], "dtype": "int64"}]
@@ -173,6 +177,30 @@ MEANINGS = [
      "the whole mobilevitv2_050 (random weights, 64x64 and 128x128): torch.export, prepare_pt2e with litert-torch's "
      "PT2EQuantizer (symmetric, per channel), one calibration call, convert_pt2e, litert_torch.convert with that "
      "quantizer and Interpreter.allocate_tensors raise the same RuntimeError]"),
+    ("Tensor.reshape (3) left as layers",
+     "ncnn's runtime, whose blobs have at most 4 dims (w, h, d, c) beside the batch, which pnnx's converter then "
+     "leaves as is: MobileViTv2 unfolds its feature maps into 2x2 patches through 6-D views (1x64x8x8 to "
+     "1x64x4x2x4x2, permuted, to 1x64x4x16) [`x.reshape(1, 64, 4, 2, 4, 2).permute(0, 1, 3, 5, 2, 4).reshape(1, 64, 4, "
+     "16) * 2` alone on 1x64x8x8 leaves the same Tensor.reshape]"),
+    ("torch.unbind (3) left as layers",
+     "pnnx's converter: EdgeNeXt's cross-covariance attention unbinds q, k and v from axis 0 of a 5-D tensor whose "
+     "batch axis it moved to axis 1 (`reshape(B, N, 3, heads, -1).permute(2, 0, 3, 4, 1).unbind(0)`), which pnnx "
+     "leaves as is [timm's CrossCovarianceAttn(dim=32, num_heads=4) alone on 1x16x32 leaves torch.unbind, and the "
+     "reshape before it; the same without the heads axis, 4-D, converts]"),
+    ("aten::addcmul",
+     "pnnx's converter, which has no conversion for torch.addcmul (ConvNeXt-V2's global response norm: "
+     "`x + torch.addcmul(bias, weight, x * nx)`), though ncnn's BinaryOp layers could compute it [`torch.addcmul(bias, "
+     "weight, x)` alone, and timm's GlobalResponseNorm(8, channels_last=True) alone, leave pnnx.Expression and "
+     "aten::addcmul]"),
+    ("gpt2.yaml: ncnn:gpt2-",  # the ncnn stage's process ended (a signal)
+     "pnnx's converter and ncnn's runtime: the stage's run of the converted model on ncnn corrupts the heap "
+     "('malloc_consolidate(): invalid chunk size', 'pool allocator destroyed too early'), in the SDPA layer pnnx "
+     "writes for GPT-2's attention with its constant boolean causal mask, a MemoryData of one byte an element "
+     "(`21=3`); pnnx also writes GPT-2's tied head as an InnerProduct over the embedding table with the final layer "
+     "norm's output added as its bias [`F.scaled_dot_product_attention(x, x * 0.5, x * 2, attn_mask=torch.ones(16, 16, "
+     "dtype=torch.bool).tril())` alone on 1x2x16x32, converted and run once on ncnn's CPU path in a child process: it "
+     "ends with SIGSEGV after 'FATAL ERROR! pool allocator destroyed too early', its output 1.2 off torch's; without "
+     "the mask it matches torch to 4e-7]"),
 ]
 
 
@@ -264,7 +292,13 @@ the build records (torchao's dynamic int8 where PT2E fails on transformers' mask
         out.append(f"**Partial:** no build of {', '.join(missing)} finished; their rows are missing.\n")
     if note:
         out.append(f"{note}\n")
-    out += [f"| model | {' | '.join(columns)} | time |", f"|---|{'---|' * len(columns)}---|"]
+    return "\n".join(out + table(rows, columns)) + "\n"
+
+
+def table(rows, columns, settings=True):
+    """The table of merged `rows` (short cells), the settings of their recipes beyond the defaults (unless said
+    above), and every refusal and failure in full: the section's lines after its paragraphs."""
+    out = [f"| model | {' | '.join(columns)} | time |", f"|---|{'---|' * len(columns)}---|"]
     notes = []
     for name, about, cells, builds in rows:
         shown = []
@@ -278,17 +312,34 @@ the build records (torchao's dynamic int8 where PT2E fails on transformers' mask
                 notes.append((name, column, kind, line))
                 shown.append(f"{'FAILED' if kind == 'failed' else kind} [{len(notes)}]")
         out.append(f"| **{name}**: {about} | {' | '.join(shown)} | {build_times(builds)} |")
-    settings = [(name, beyond_defaults(HUB[name][1])) for name, *_ in rows]
+    settings = [(name, beyond_defaults(HUB[name][1])) for name, *_ in rows] if settings else []
     if any(said for _, said in settings):
         out += ["", "Settings beyond the image models' defaults (the recipe's model and quantize sections), and why:",
                 ""]
         out += [f"- {name}: {said}." for name, said in settings if said]
     if notes:
-        out += ["", "Refusals and failures:", ""]
-        out += [f"{number}. {name} / {column}: `{line.replace('`', chr(39))}`"
-                + (f" **Whose limit:** {meaning(line)}." if kind == "refused" else "")
-                for number, (name, column, kind, line) in enumerate(notes, 1)]
-    return "\n".join(out) + "\n"
+        out += ["", "Refusals and failures:", "", *zoo.listed(notes, meaning)]
+    return out
+
+
+def ncnn_markdown(rows, quick, total, run, note=None):
+    """The hub zoo's ncnn subsection: how its rows were built, and table() of ncnn's columns."""
+    rows = merged(rows)
+    missing = [name for name in HUB if name not in {row[0] for row in rows}]
+    text = f"""{NCNN_HEADING}
+
+The hub zoo's models, by the recipes above (the same training, calibration data and held-out inputs, {2 if quick else 8}
+of each, the same thresholds, the settings listed above: tinynet_e's, mnasnet_small's and mobileone_s0's
+`quantize.exclude` keep those layers float on ncnn-int8 too) with ncnn's four targets instead ([ncnn.md](ncnn.md)).
+{zoo.NCNN_COLUMNS}
+The text models' int8 is static here, calibrated on their synthetic task's token ids.
+
+A table of its own because the rows above were built before these targets existed, and their builds were not kept.
+{zoo.how_built(run, total)} Times are each model's build (training in brackets, four targets, verification and
+benchmarks) and its output. {zoo.counted(rows, zoo.NCNN)}.
+"""
+    skipped = [f"**Not built:** {', '.join(missing)}.", ""] if missing else []
+    return "\n".join([text, *skipped, *table(rows, zoo.NCNN, settings=False), *(["", note] if note else [])]) + "\n"
 
 
 def write_docs(section):
@@ -308,6 +359,10 @@ def main():
                 "ones (a model's rebuilt columns replace its earlier build's)"})
     if args.table:  # the page again from kept runs' rows (its wording changed, not its numbers)
         kept = json.loads((args.keep / "rows.json").read_text())
+        if "run" in kept:  # an ncnn columns run's
+            zoo.write_section(ncnn_markdown(kept["rows"], args.quick, kept["seconds"], kept["run"], kept.get("note")),
+                              SECTION)
+            return
         rows = kept["rows"] + [row for path in (args.merge.split(",") if args.merge else [])
                                for row in json.loads(Path(path).read_text())["rows"]]
         # the rows' own builds' wall times: runs that were stopped, or builds a rebuild replaced, do not count
@@ -318,6 +373,7 @@ def main():
     unknown = [column for column in columns if column not in zoo.TARGETS]
     if unknown:
         sys.exit(f"hub_zoo.py: unknown column(s) {', '.join(unknown)}; known: {', '.join(zoo.TARGETS)}")
+    run = None if set(columns) - set(zoo.NCNN) else zoo.run_info()  # an ncnn columns run: how_built's facts
     scratch = None if args.keep else tempfile.TemporaryDirectory(prefix="hub-zoo-")
     root = args.keep.resolve() if args.keep else Path(scratch.name)
     env = {**bytecode_env(root), "MOBILEBUILD_CACHE": "off", "PYTHONPATH": str(REPO)}
@@ -330,9 +386,15 @@ def main():
         rows.append((name, HUB[name][0], cells, seconds, zoo.noise(lines), zoo.training_seconds(lines, name)))
         print(f"  {name}: {seconds:.0f} s{zoo.training(rows[-1][-1])} ({rows[-1][4]}): "
               + "; ".join(f"{column} {line}" for column, (_, line) in cells.items()), flush=True)
-        (root / "rows.json").write_text(json.dumps({"rows": rows, "seconds": time.perf_counter() - started}))
-        if not args.no_docs:  # after each model: an interrupted run leaves the rows it has
-            write_docs(markdown(rows, args.quick, time.perf_counter() - started))
+        kept = {"rows": rows, "seconds": time.perf_counter() - started}
+        if run:
+            run.update(ended=zoo.utc_now(), loads=[*run["loads"], os.getloadavg()[0]])
+            kept["run"] = run
+        (root / "rows.json").write_text(json.dumps(kept))
+        if not args.no_docs and run:  # after each model: an interrupted run leaves the rows it has
+            zoo.write_section(ncnn_markdown(rows, args.quick, kept["seconds"], run), SECTION)
+        elif not args.no_docs:
+            write_docs(markdown(rows, args.quick, kept["seconds"]))
     print(f"\ntotal {(time.perf_counter() - started) / 60:.1f} min")
     if scratch:
         scratch.cleanup()

@@ -1,4 +1,5 @@
-"""The model zoo: architectures users ship, each built for the eight CPU targets, verified and benchmarked, in a table.
+"""The model zoo: architectures users ship, each built for the host targets (TARGETS), verified and benchmarked, in a
+table.
 
 Not part of the default build. For each model it writes a scratch project (dodo.py, the zoo's factories from
 benchmarks/zoo/, the model's recipe), builds it (`mobilebuild build -n 1`, the shared artifact cache off so every
@@ -9,7 +10,11 @@ Nothing is downloaded: the image classifiers are trained briefly on scikit-learn
 (`model.train`, zoo_models.train_on_digits); the other models keep seeded random weights, with batch-norm
 statistics re-estimated on random batches.
 
-    .venv/bin/python benchmarks/zoo.py [--only NAME[,NAME]] [--quick] [--keep DIR] [--no-docs] [--table]
+    .venv/bin/python benchmarks/zoo.py [--only NAME[,NAME]] [--columns COLUMN[,COLUMN]] [--quick] [--keep DIR]
+        [--no-docs] [--table]
+
+--columns ncnn-fp32,... (ncnn's columns only, added after the page's rows were built) writes a table of its own,
+the page's "ncnn columns" section, and leaves the rest of the page as it is.
 """
 
 import argparse
@@ -43,7 +48,13 @@ TARGETS = {  # column -> target entry
     "onnx-int8": {"backend": "onnx", "precision": "int8", "name": "onnx-int8"},
     "litert-fp32": {"backend": "xnnpack", "runtime": "litert", "name": "litert-fp32"},
     "litert-int8": {"backend": "xnnpack", "runtime": "litert", "precision": "int8", "name": "litert-int8"},
+    "ncnn-fp32": {"backend": "ncnn", "name": "ncnn-fp32"},
+    "ncnn-fp16": {"backend": "ncnn", "precision": "fp16", "name": "ncnn-fp16"},
+    "ncnn-int8": {"backend": "ncnn", "precision": "int8", "name": "ncnn-int8"},
+    "vulkan-ncnn": {"backend": "vulkan", "runtime": "ncnn", "name": "vulkan-ncnn"},  # fp16 by default
 }
+NCNN = [column for column in TARGETS if "ncnn" in column]  # built alone: the "ncnn columns" sections
+NCNN_HEADING = "## Model zoo: ncnn columns"  # this script's ncnn section, after the zoo's refusals
 
 IMAGE = {"distribution": {"uniform": {"low": 0, "high": 1}}}
 DYNAMIC = {"quantize": {"mode": "dynamic"}}
@@ -149,12 +160,24 @@ MEANINGS = [
                                    "int64 constant among them (RAFT's graph has such), and torchao's HistogramObserver "
                                    "cannot calibrate it (torch.histc has no int64 kernel); reproduced with "
                                    "litert-torch and torchao alone on `x * torch.tensor(2)`"),
+    ("Tensor.reshape left as layers", "ncnn's runtime, whose blobs have at most 4 dims (w, h, d, c) beside the "
+                                      "batch, which pnnx's converter then leaves as is: RAFT views its correlation "
+                                      "volume as 1x16x16x1x16x16 before dividing it and reshaping it to 256x1x16x16 "
+                                      "[`matmul, view(1, h, w, 1, h, w), / 8, reshape(h * w, 1, h, w)` alone leaves "
+                                      "the same Tensor.reshape; with a 4-D view, or without the division between the "
+                                      "two reshapes, which pnnx then folds into one, it converts]"),
+    ("Tensor.masked_fill", "ncnn's layer set, so pnnx's converter leaves them as they are: ncnn has no layer for "
+                           "torch.eq, bitwise_not or masked_fill (its BinaryOp has no comparisons), nor a cast of "
+                           "integers to floats (its Cast knows fp32, fp16, bf16 and int8), which the padding mask is "
+                           "computed with from the integer mask input [`x.masked_fill((mask == 0).unsqueeze(-1), 0.0)` "
+                           "alone leaves torch.eq and Tensor.masked_fill, `x * mask.unsqueeze(-1).to(x.dtype)` leaves "
+                           "Tensor.to]"),
     ("PythonAction Error", "mobilebuild: a stage crashed (traceback in the build output)"),
 ]
 
 
-def recipes(name, quick):
-    """{recipe name: recipe} for one zoo model."""
+def recipes(name, quick, columns=tuple(TARGETS)):
+    """{recipe name: recipe} for one zoo model, with the targets of `columns`."""
     fields = dict(ZOO[name][1])
     own = fields.pop("own", {})
     data = {"name": name, **fields}
@@ -170,8 +193,7 @@ def recipes(name, quick):
     data["verify"] = {"samples": 2 if quick else 8, "thresholds": {"int8": {"top1_agreement": 0}},
                       **({"evaluation": evaluation} if evaluation else {})}
     data["benchmark"] = {"warmup": 1 if quick else 2, "iters": 3 if quick else 10}
-    data["targets"] = list(TARGETS.values())
-    data["targets"] = [{**target, **own.get(column, {})} for column, target in TARGETS.items()]
+    data["targets"] = [{**target, **own.get(column, {})} for column, target in TARGETS.items() if column in columns]
     return {name: data}
 
 
@@ -300,8 +322,8 @@ def markdown(rows, quick, total, note=None):
     gathered = f"{note}\n\n" if note else ""
     out = [f"""# Model zoo
 
-Architectures users ship, built by mobilebuild for the eight targets that run on this host, each verified against
-the model's eager fp32 output and benchmarked. Generated by `.venv/bin/python {command}`
+Architectures users ship, built by mobilebuild for the {len(TARGETS)} targets that run on this host, each verified
+against the model's eager fp32 output and benchmarked. Generated by `.venv/bin/python {command}`
 (not part of the default build; rerun it to refresh this page) on {datetime.date.today().isoformat()}, on a
 {machine()} with
 {', '.join(f'{k} {v}' for k, v in versions.items())}: {total / 60:.0f} minutes in all, each model built cold (shared
@@ -359,12 +381,21 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
   each ({runs} timed runs, one thread). Benchmarks measure alone on the host, so other builds
   running at the time lengthen it.
 
-{partial(rows)}{gathered}| model | {' | '.join(TARGETS)} | time |
-|---|{'---|' * len(TARGETS)}---|"""]
-    notes = []
+{partial(rows)}{gathered}"""]
+    lines, notes = table(rows, list(TARGETS))
+    out[0] += "\n".join(lines)
+    out += ["", "## Refusals, failures and fixed shapes", "", *listed(notes)]
+    return "\n".join(out) + "\n"
+
+
+def table(rows, columns):
+    """The table's lines (short cells, each model's time) and what its cells point to, [(name, column, kind, line)]:
+    refusals, failures and verified cells at a fixed shape, listed below it by listed()."""
+    out, notes = [f"| model | {' | '.join(columns)} | time |", f"|---|{'---|' * len(columns)}---|"], []
     for name, about, cells, seconds, _, trained in rows:
         shown = []
-        for column, (kind, text) in cells.items():
+        for column in columns:
+            kind, text = cells[column]
             if kind == "verified":
                 shown.append(text.replace("verified (SQNR ", "verified ").split(",")[0].split(";")[0].rstrip(")"))
                 if "; " in text:  # verified at a shape the route fixed: said below the table
@@ -375,17 +406,100 @@ models torchvision has no builder for in `benchmarks/zoo/zoo_models.py`.
                 shown.append(f"{'refused' if kind == 'refused' else 'FAILED' if kind == 'failed' else kind} "
                              f"[{len(notes)}]")
         out.append(f"| **{name}**: {about} | {' | '.join(shown)} | {seconds:.0f} s{training(trained)} |")
-    out += ["", "## Refusals, failures and fixed shapes", ""]
-    for number, (name, column, kind, text) in enumerate(notes, 1):
-        explained = f" **Whose limit:** {meaning(text)}." if kind == "refused" else ""
-        out.append(f"{number}. {name} / {column}: `{text.replace('`', chr(39))}`{explained}")
-    return "\n".join(out) + "\n"
+    return out, notes
+
+
+def listed(notes, meaning=meaning):
+    """The numbered list of table()'s notes, each refusal with whose limit it is (`meaning`: of its line)."""
+    return [f"{number}. {name} / {column}: `{text.replace('`', chr(39))}`"
+            + (f" **Whose limit:** {meaning(text)}." if kind == "refused" else "")
+            for number, (name, column, kind, text) in enumerate(notes, 1)]
 
 
 def partial(rows):
     """The page's line saying which models the run did not reach; empty when it built them all."""
     missing = [name for name in ZOO if name not in {row[0] for row in rows}]
     return f"**Partial:** the run stopped before {', '.join(missing)}; their rows are missing.\n\n" if missing else ""
+
+
+# What the ncnn sections' columns are (docs/ncnn.md says more), in both zoos' words
+NCNN_COLUMNS = """\
+`ncnn-fp32`: pnnx's conversion run on ncnn's CPU path. `ncnn-fp16`: pnnx's fp16 weights and ncnn's fp16 storage and
+arithmetic (on this x86 host only `InnerProduct` computes in fp16), judged at the fp16 thresholds (SQNR 30 dB, cosine
+0.999, top-1 agreement 0.98). `ncnn-int8`: ncnn's int8 convolutions and inner products, calibrated on the recipe's
+`quantize.calibration` data, static on every model (the route has no dynamic mode). `vulkan-ncnn`: ncnn's Vulkan
+path in fp16, here on Mesa's software driver llvmpipe (no GPU), at the fp16 thresholds; its time is a software
+driver's and never ranked. pnnx converts at the example's sizes, so a dynamic dim is verified at its example size."""
+
+
+def ncnn_markdown(rows, quick, total, run, note=None):
+    """The zoo's ncnn section: how its rows were built, their table (the zoo's rows, ncnn's columns), and every
+    refusal and failure in full."""
+    rows = sorted(rows, key=lambda row: list(ZOO).index(row[0]))  # in the zoo's order, whatever --only's was
+    lines, notes = table(rows, NCNN)
+    missing = [name for name in ZOO if name not in {row[0] for row in rows}]
+    return "\n".join([f"""{NCNN_HEADING}
+
+The zoo's models, by the recipes above (the same training, calibration data and held-out inputs, {2 if quick else 8}
+of each, the same thresholds: int8's top-1 agreement not judged) with ncnn's four targets instead ([ncnn.md](ncnn.md)).
+{NCNN_COLUMNS}
+
+A table of its own because the rows above were built before these targets existed, and their builds were not kept.
+{how_built(run, total)} The time column is the model's build: training (in brackets), the four targets, verification
+and benchmarks (1 thread, {'1 warm-up and 3' if quick else '2 warm-ups and 10'} runs).
+{counted(rows, NCNN)}.
+""", *([f"**Not built:** {', '.join(missing)}.", ""] if missing else []), *lines,
+        *(["", "Refusals, failures and fixed shapes:", "", *listed(notes)] if notes else []),
+        *(["", note] if note else [])]) + "\n"
+
+
+def counted(rows, columns):
+    """'1 refused, 13 verified': the cells of `columns` by kind."""
+    kinds = [cells[column][0] for _, _, cells, *_ in rows for column in columns if column in cells]
+    return ", ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds)))
+
+
+def how_built(run, total):
+    """The ncnn sections' sentence on how their rows were built: the command, when, on what, under what load."""
+    loads = run["loads"]
+    return (f"Built by `{run['command']}` on {run['started'][:10]}, {run['started'][11:16]}-{run['ended'][11:16]} UTC "
+            f"({total / 60:.0f} min), one model at a time, each cold (shared artifact cache off, `mobilebuild build "
+            f"-n 1`), with {', '.join(f'{p} {version(p)}' for p in ('torch', 'ncnn', 'pnnx'))}, on a {machine()} "
+            f"shared with other work: one-minute load average {min(loads):.1f}-{max(loads):.1f}, read as the run "
+            "started and as each model's build ended.")
+
+
+def run_info():
+    """This run's command line (nice included), its start, and the load average now, for how_built; main() adds to
+    it as each model ends."""
+    nice = f"nice -n {os.nice(0)} " if os.nice(0) else ""
+    command = f"{nice}.venv/bin/python benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}".strip()
+    return {"command": command, "started": utc_now(), "ended": utc_now(), "loads": [os.getloadavg()[0]]}
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
+
+
+def write_section(section, end_of):
+    """docs/zoo.md with `section` (its heading line, then its text) in place of the section of that heading, which
+    runs to the next heading of its level or above; a new one goes at the end of the part under the heading `end_of`
+    (the page's end where there is none). The rest of the page stays byte for byte as it is."""
+    text = DOCS.read_text()
+    heading = section.split("\n", 1)[0]
+
+    def end(start, heading):  # where the part from `start`, under `heading`, ends: its next heading of that level
+        found = re.compile(rf"^#{{1,{heading.index(' ')}}} ", re.M).search(text, start + 1)
+        return found.start() if found else len(text)
+
+    if f"\n{heading}\n" in text:
+        start = text.index(f"\n{heading}\n") + 1
+        stop = end(start, heading)
+    else:
+        parent = text.find(f"\n{end_of}\n")
+        start = stop = end(parent + 1, end_of) if parent >= 0 else len(text)
+    after = text[stop:]
+    DOCS.write_text(text[:start].rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n" + ("\n" + after if after else ""))
 
 
 def write_docs(rows, quick, total, note=None):
@@ -414,25 +528,45 @@ def arguments(description, known, **more):
     return args, names
 
 
+def write_ncnn_docs(rows, quick, total, run, note=None):
+    write_section(ncnn_markdown(rows, quick, total, run, note), "## Refusals, failures and fixed shapes")
+
+
 def main():
-    args, names = arguments(__doc__, ZOO, table={
+    args, names = arguments(__doc__, ZOO, columns={
+        "help": "comma-separated columns to build, all or ncnn's: " + ", ".join(TARGETS)}, table={
         "action": "store_true", "help": "write the page from the rows a --keep folder holds, building nothing"})
     if args.table:  # the page again from kept rows (an interrupted run's, runs merged, or its wording changed)
         kept = json.loads((args.keep / "rows.json").read_text())
-        write_docs(kept["rows"], args.quick, kept["seconds"], kept.get("note"))
+        if "run" in kept:  # an ncnn columns run's
+            write_ncnn_docs(kept["rows"], args.quick, kept["seconds"], kept["run"], kept.get("note"))
+        else:
+            write_docs(kept["rows"], args.quick, kept["seconds"], kept.get("note"))
         return
+    columns = args.columns.split(",") if args.columns else list(TARGETS)
+    if set(columns) - set(NCNN) and set(columns) != set(TARGETS):
+        sys.exit(f"zoo.py: --columns takes ncnn's ({', '.join(NCNN)}), or all: the page's table needs every column")
+    ncnn = not set(columns) - set(NCNN)
+    run = run_info() if ncnn else None
     scratch = None if args.keep else tempfile.TemporaryDirectory(prefix="zoo-")
     root = args.keep.resolve() if args.keep else Path(scratch.name)
     env = {**bytecode_env(root), "MOBILEBUILD_CACHE": "off"}
-    print(f"zoo: {len(names)} models x {len(TARGETS)} targets in {root}", flush=True)
+    print(f"zoo: {len(names)} models x {len(columns)} targets in {root}", flush=True)
     rows, started = [], time.perf_counter()
     for name in names:
-        seconds, lines, cells = build(root, name, args.quick, env)
+        seconds, lines, cells = build(root, name, args.quick, env, recipes(name, args.quick, columns))
+        cells = {column: cells[column] for column in columns}
         rows.append((name, ZOO[name][0], cells, seconds, noise(lines), training_seconds(lines, name)))
         print(f"  {name}: {seconds:.0f} s{training(rows[-1][-1])} ({noise(lines)}): "
               + ", ".join(f"{column} {kind}" for column, (kind, _) in cells.items()), flush=True)
         # after each model: an interrupted run leaves the rows it has, for --table
-        (root / "rows.json").write_text(json.dumps({"rows": rows, "seconds": time.perf_counter() - started}))
+        kept = {"rows": rows, "seconds": time.perf_counter() - started}
+        if ncnn:
+            run.update(ended=utc_now(), loads=[*run["loads"], os.getloadavg()[0]])
+            kept["run"] = run
+            if not args.no_docs:  # the section after each model, as the hub zoo's
+                write_ncnn_docs(rows, args.quick, kept["seconds"], run)
+        (root / "rows.json").write_text(json.dumps(kept))
     total = time.perf_counter() - started
 
     for name, about, cells, seconds, log, trained in rows:
@@ -440,8 +574,9 @@ def main():
         for column, (_, text) in cells.items():
             print(f"  {column:10} {text}")
     print(f"\ntotal {total / 60:.1f} min")
-    if not args.no_docs:
+    if not args.no_docs and not ncnn:
         write_docs(rows, args.quick, total)
+    if not args.no_docs:
         print(f"wrote {DOCS.relative_to(REPO)}")
     if scratch:
         scratch.cleanup()
