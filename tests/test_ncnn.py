@@ -282,3 +282,31 @@ def test_the_vulkan_route_runs_on_the_host_where_a_vulkan_driver_is_installed(tm
     assert ncnn_route.vulkan_driver([str(tmp_path / "none"), str(tmp_path)])
     monkeypatch.setenv("VK_ICD_FILENAMES", "/opt/driver.json")
     assert ncnn_route.vulkan_driver([])
+
+
+class MaskedAttention(nn.Module):
+    """Scaled dot-product attention with a constant boolean causal mask, as GPT-2 passes it: pnnx writes an SDPA
+    layer that ncnn computes wrongly and whose run corrupts ncnn's heap (the process ends with a signal)."""
+
+    def forward(self, x):
+        return nn.functional.scaled_dot_product_attention(
+            x, x * 0.5, x * 2.0, attn_mask=torch.ones(16, 16, dtype=torch.bool).tril())
+
+
+def masked_attention():
+    return MaskedAttention().eval()
+
+
+def test_ncnn_crashing_on_a_conversion_is_one_line_naming_ncnn(tmp_path):
+    try:
+        to_ncnn(masked_attention, [spec("x", [1, 2, 16, 32])], tmp_path)
+    except failures.Failed as raised:
+        failure = raised.failure
+    else:  # heap corruption need not end a process: it did on every run here (2026-11-29)
+        pytest.skip("ncnn's run of this conversion did not end with a signal on this machine")
+    assert failure["raised_by"] == "ncnn" and "\n" not in failure["error"], failure
+    assert failure["error"].startswith("ncnn failed running pnnx's conversion on the example's first sample (signal ")
+    # ncnn's and glibc's last words (they vary: "pool allocator destroyed too early", "munmap_chunk(): invalid
+    # pointer"): the last of them in the line, all in the node's log, none on the console
+    said = failure["error"].split("): ", 1)[1]
+    assert said and said in failure["traceback"]

@@ -12,18 +12,21 @@ naming pnnx with its last line that says something, and the node's log gets all 
 
 A model pnnx converts only in part keeps the operations it could not map as layers ncnn has no kernel for
 (`pnnx.Expression`, `aten::argsort`, `torch.fft.rfft`): they are named in one line. The converted model is then
-loaded and run once on ncnn's CPU path, on the example's first sample.
+loaded and run once on ncnn's CPU path, on the example's first sample, in a process of its own (first_run).
 
 pnnx's output is byte-identical from run to run; the zip holds model.ncnn.param and model.ncnn.bin, sorted, stored,
 with fixed times and modes (as lm_genai's), so the same conversion gives the same bytes.
 """
 
 import collections
+import signal
 import subprocess
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+import numpy
 import torch
 
 from mobilebuild.errors import MobileBuildError
@@ -41,7 +44,7 @@ TYPES = {torch.float32: "f32", torch.float16: "f16", torch.float64: "f64", torch
 NOT_SAYING = ("#####", "inputshape", "model inputshape", "FLOPS", "memory OPS", "pnnxparam", "pnnxbin", "pnnxpy",
               "pnnxonnx", "ncnnparam", "ncnnbin", "ncnnpy", "fp16", "optlevel", "device", "inputshape2", "customop",
               "moduleop", "get inline")
-OUTSIDE_NCNN = "the operations pnnx left unconverted"
+FIRST_RUN_LIMIT_S = 600  # the converted model's first run (the stage's own time limit bounds the whole)
 
 
 def pnnx_binary():
@@ -177,6 +180,28 @@ def quantize(files, model, captured, config):
     return {PARAM: text.encode(), BIN: data}
 
 
+def first_run(output, examples):
+    """The converted model run once on ncnn's CPU path, on the example's first sample, in a process of its own (the
+    guest runner, by its path): on some of pnnx's conversions ncnn corrupts its heap (a scaled dot-product attention
+    with a boolean mask, as GPT-2's), which would end the stage's process with a signal and glibc's last words on the
+    console. Here that is one line naming ncnn, and the node's log has what it wrote."""
+    with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as scratch:
+        inputs = Path(scratch, "inputs.npz")
+        numpy.savez(inputs, *(x.numpy() for x in examples))
+        argv = [sys.executable, runtime.guest.__file__, str(output), str(inputs)]
+        try:
+            ran = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=FIRST_RUN_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            raise MobileBuildError(f"ncnn ran pnnx's conversion on the example's first sample for {FIRST_RUN_LIMIT_S} "
+                                   "s without a result", field="model") from None
+    if ran.returncode != 0:
+        how = f"signal {signal.Signals(-ran.returncode).name}" if ran.returncode < 0 else f"exit {ran.returncode}"
+        raise failures.Failed({"raised_by": "ncnn", "part": None,
+                               "error": f"ncnn failed running pnnx's conversion on the example's first sample ({how}): "
+                                        f"{last_saying(ran.stderr)}",
+                               "traceback": f"$ {' '.join(argv)}\n{ran.stdout}\n{ran.stderr}"})
+
+
 def run(inputs, config, output):
     model = fuse.load(inputs["model"], config)
     captured = capture_root.nested(model, len(config.inputs))
@@ -187,5 +212,4 @@ def run(inputs, config, output):
     if config.precision == "int8":
         files = quantize(files, model, captured, config)
     write_zip(files, output, config.precision)
-    # it loads and runs on ncnn's CPU path, the example's first sample
-    runtime.load(output, None)(*examples)
+    first_run(output, examples)

@@ -90,3 +90,10 @@ def runner(found):
 def load(path, threads):
     """The emulated run: the zip at `path` on ncnn's CPU path."""
     return runner(net(*read(path), threads))
+
+
+if __name__ == "__main__":  # python guest.py ZIP INPUTS.npz: the conversion's first run (worker/convert.first_run)
+    import sys
+
+    with numpy.load(sys.argv[2]) as saved:
+        load(sys.argv[1], 1)([saved[f"arr_{index}"] for index in range(len(saved.files))])
