@@ -180,24 +180,26 @@ def quantize(files, model, captured, config):
     return {PARAM: text.encode(), BIN: data}
 
 
-def first_run(output, examples):
-    """The converted model run once on ncnn's CPU path, on the example's first sample, in a process of its own (the
-    guest runner, by its path): on some of pnnx's conversions ncnn corrupts its heap (a scaled dot-product attention
-    with a boolean mask, as GPT-2's), which would end the stage's process with a signal and glibc's last words on the
-    console. Here that is one line naming ncnn, and the node's log has what it wrote."""
+def first_run(files, precision, examples, what="pnnx's conversion"):
+    """The model's `files` run once on ncnn's CPU path, on the example's first sample, in a process of its own (the
+    guest runner, by its path), before ncnn runs them in the stage's (int8's calibration) or the file is written: on
+    some of pnnx's conversions ncnn corrupts its heap (a scaled dot-product attention with a boolean mask, as
+    GPT-2's), which would end the stage's process with a signal and glibc's last words on the console. Here that is
+    one line naming ncnn, and the node's log has what it wrote."""
     with tempfile.TemporaryDirectory(prefix="mobilebuild-ncnn-") as scratch:
-        inputs = Path(scratch, "inputs.npz")
+        model, inputs = Path(scratch, "model.ncnn.zip"), Path(scratch, "inputs.npz")
+        write_zip(files, model, precision)
         numpy.savez(inputs, *(x.numpy() for x in examples))
-        argv = [sys.executable, runtime.guest.__file__, str(output), str(inputs)]
+        argv = [sys.executable, runtime.guest.__file__, str(model), str(inputs)]
         try:
             ran = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=FIRST_RUN_LIMIT_S)
         except subprocess.TimeoutExpired:
-            raise MobileBuildError(f"ncnn ran pnnx's conversion on the example's first sample for {FIRST_RUN_LIMIT_S} "
-                                   "s without a result", field="model") from None
+            raise MobileBuildError(f"ncnn ran {what} on the example's first sample for {FIRST_RUN_LIMIT_S} s without a "
+                                   "result", field="model") from None
     if ran.returncode != 0:
         how = f"signal {signal.Signals(-ran.returncode).name}" if ran.returncode < 0 else f"exit {ran.returncode}"
         raise failures.Failed({"raised_by": "ncnn", "part": None,
-                               "error": f"ncnn failed running pnnx's conversion on the example's first sample ({how}): "
+                               "error": f"its run of {what} on the example's first sample ended ({how}): "
                                         f"{last_saying(ran.stderr)}",
                                "traceback": f"$ {' '.join(argv)}\n{ran.stdout}\n{ran.stderr}"})
 
@@ -209,7 +211,8 @@ def run(inputs, config, output):
     weights = "fp16" if config.precision == "fp16" else "fp32"
     progress.note(f"pnnx ({weights} weights)")
     files = converted(captured, examples, weights)
+    first_run(files, weights, examples)
     if config.precision == "int8":
         files = quantize(files, model, captured, config)
+        first_run(files, config.precision, examples, "the int8 model")
     write_zip(files, output, config.precision)
-    first_run(output, examples)
