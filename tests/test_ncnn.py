@@ -297,11 +297,9 @@ def masked_attention():
     return MaskedAttention().eval()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])  # int8: before calibration runs it in the stage's process
-def test_ncnn_crashing_on_a_conversion_is_one_line_naming_ncnn(tmp_path, precision):
+def test_ncnn_crashing_on_a_conversion_is_one_line_naming_ncnn(tmp_path):
     try:
-        to_ncnn(masked_attention, [spec("x", [1, 2, 16, 32])], tmp_path, precision=precision,
-                calibration={"source": "random", "batches": 2, "seed": 0})
+        to_ncnn(masked_attention, [spec("x", [1, 2, 16, 32])], tmp_path)
     except failures.Failed as raised:
         failure = raised.failure
     else:  # heap corruption need not end a process: it did on every run here (2026-11-29)
