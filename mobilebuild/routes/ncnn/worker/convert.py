@@ -175,9 +175,7 @@ def quantize(files, model, captured, config):
     named = int8.layer_modules(model, lambda: captured(*examples_of(config.inputs)), int8.parse(param))
     kept = int8.kept_float(exclusion.resolve(model, config.exclude), named)
     batches = calibration.at_example_sizes(config.calibration, config.inputs, "pnnx's conversion at them takes")
-    text, data, _ = int8.quantized(param, files[BIN], files, batches, config.observer or plan.OBSERVERS[0], kept,
-                                   config.weights == "per_tensor")
-    return {PARAM: text.encode(), BIN: data}
+    return int8.quantized(files, batches, config.observer or plan.OBSERVERS[0], kept, config.weights == "per_tensor")
 
 
 def first_run(files, precision, examples, what="pnnx's conversion"):

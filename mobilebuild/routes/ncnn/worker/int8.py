@@ -221,9 +221,10 @@ def _int8_weights(weights, scales):
     return struct.pack("<I", INT8_TAG) + values + b"\0" * (-len(values) % 4)
 
 
-def quantized(param_text, data, files, batches, observer, kept=(), per_tensor=False):
-    """(the int8 .param text, the int8 .bin bytes, {layer name: its input scale}) of pnnx's fp32 model (`files`, its
-    .param text and .bin bytes), layers named in `kept` left float."""
+def quantized(files, batches, observer, kept=(), per_tensor=False):
+    """ncnn's int8 model ({PARAM: .param bytes, BIN: .bin bytes}) of pnnx's fp32 one (`files`), layers named in
+    `kept` left float."""
+    param_text, data = files[guest.PARAM].decode(), files[guest.BIN]
     layers = parse(param_text)
     spans(layers, data)
     # a convolution whose weights are an input (param 19, dynamic_weight) has none to quantize: it stays float
@@ -254,4 +255,4 @@ def quantized(param_text, data, files, batches, observer, kept=(), per_tensor=Fa
         written += struct.pack("<f", scales[layer.name])
         if requantize:
             written += struct.pack("<f", scales[after.name])
-    return "\n".join(lines) + "\n", bytes(written), scales
+    return {guest.PARAM: ("\n".join(lines) + "\n").encode(), guest.BIN: bytes(written)}

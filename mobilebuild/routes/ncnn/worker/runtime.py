@@ -96,22 +96,9 @@ def load(path, config):
     return NcnnModel(net(path, threads_for(config), vulkan_for(config)))
 
 
-def layer_lines(param_text):
-    """The .param's layer lines as (type, name, bottoms, tops)."""
-    lines = param_text.splitlines()
-    found = []
-    for line in lines[2:]:
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        bottoms, tops = int(fields[2]), int(fields[3])
-        found.append((fields[0], fields[1], fields[4:4 + bottoms], fields[4 + bottoms:4 + bottoms + tops]))
-    return found
-
-
 def output_blobs(param_text):
     """The blobs pnnx names as the model's outputs (out0, out1...), in order."""
-    tops = [top for _, _, _, layer_tops in layer_lines(param_text) for top in layer_tops]
+    tops = [top for layer in int8.parse(param_text) for top in layer.tops]
     return guest.numbered(top for top in tops if re.fullmatch(r"out\d+", top))
 
 
@@ -119,15 +106,14 @@ def inspect(path, config):
     """Facts read from the zip without running it: layers by type, the weights' storage, inputs and outputs, sizes;
     for the Vulkan route, the host's Vulkan device."""
     files, precision = read(path)
-    layers = layer_lines(files[PARAM].decode())
-    facts = {"layers": sum(1 for kind, *_ in layers if kind != "Input"),
-             "layer_types": dict(sorted(collections.Counter(kind for kind, *_ in layers if kind != "Input").items())),
+    layers = int8.parse(files[PARAM].decode())
+    kinds = [layer.type for layer in layers if layer.type != "Input"]
+    facts = {"layers": len(kinds), "layer_types": dict(sorted(collections.Counter(kinds).items())),
              "precision": precision,
-             "inputs": [name for kind, name, _, _ in layers if kind == "Input"],
+             "inputs": [layer.name for layer in layers if layer.type == "Input"],
              "outputs": output_blobs(files[PARAM].decode()),
              "param_bytes": len(files[PARAM]), "bin_bytes": len(files[BIN])}
     if precision == "int8":  # the layers given int8 scales, of those with weights; the others run in fp32
-        layers = int8.parse(files[PARAM].decode())
         int8.spans(layers, files[BIN])
         facts["int8_layers"] = sum(1 for layer in layers if int8.is_int8(layer))
         facts["weighted_layers"] = sum(1 for layer in layers if layer.data)
