@@ -71,10 +71,11 @@ def test_a_waiting_benchmark_stops_stages_that_could_have_run(replay):
 def test_the_record_keeps_each_tasks_newest_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     node_times.note("lower:a", 100.0, {"stages": 1.5, "measurements": 0.0})
-    node_times.note("lower:a", 200.0, None)
+    node_times.note("lower:a", 200.0, None, 812.5)
     node_times.note("bench:a", 300.0, {"measurements": 2.0, "alone": 0.5})
     found = node_times.read()
     assert found["lower:a"]["started"] == 200.0 and "stages" not in found["lower:a"]
+    assert found["lower:a"]["peak_rss_mb"] == 812.5 and "peak_rss_mb" not in found["bench:a"]
     assert found["bench:a"]["alone"] == 0.5 and found["bench:a"]["ended"] >= 300.0
     lines = Path(node_times.RECORD).read_text().splitlines()
     assert len(lines) == 3 and all(json.loads(line)["task"] for line in lines)

@@ -54,7 +54,7 @@ def test_the_recipes_threads_hold_in_a_build_that_computes_with_one(tmp_path):
         reply = worker_pool.call({"stage": "bench", "inputs": {"artifact": path},
                                   "config": stages.as_json(config(threads)), "output": str(output),
                                   "root": str(tmp_path), "task": "bench:model"})
-        assert set(reply) - {"waited"} == {"printed"}, reply
+        assert set(reply) - {"waited"} == {"printed", "peak_rss_mb"} and reply["peak_rss_mb"] > 50, reply
         result = json.loads(output.read_text())
         assert result["status"] == "ran" and result["threads"] == threads
     worker_pool.close_all()

@@ -47,10 +47,10 @@ def run_node(node):
     remote = distributed.address() is not None and not stages.get(node.stage).in_process
     try:
         if remote:
-            waited = _build_remotely(node, shared, key)
+            reply = _build_remotely(node, shared, key)
         else:
             with store.atomic_output(node.output) as tmp:
-                waited = _run_stage(node, tmp)
+                reply = _run_stage(node, tmp)
     except MobileBuildError as exc:
         exc.field = recipe_field(exc.field, node.fields)
         return TaskFailed(str(exc.located(node.recipe_file)))
@@ -70,7 +70,8 @@ def run_node(node):
     if key is not None and not remote:  # a Dask worker has stored it
         with contextlib.suppress(OSError):  # an unwritable cache costs the next build time, never this one
             shared.store(key, {"artifact": Path(node.output)})
-    node_times.note(node.task_name, started_at, waited)
+    waited = reply.get(WAITED)
+    node_times.note(node.task_name, started_at, waited, reply.get("peak_rss_mb"))
     return {WAITED: waited} if any((waited or {}).values()) else None
 
 
@@ -169,11 +170,11 @@ def _run_stage(node, output):
             if failure is None:
                 raise
             raise LibraryFailed(failure) from None
-        return None
+        return {}
     reply = worker_pool.call({**request(node, output), "root": os.getcwd()}, python=node.interpreter,
                              timeout=node.time_limit)
     _raise_failure(node, reply)
-    return reply.get(WAITED)
+    return reply
 
 
 def _build_remotely(node, shared, key):
@@ -204,7 +205,7 @@ def _build_remotely(node, shared, key):
                                f"{cache.SIGNING_KEY_VARIABLE} this build trusts") from None
     if found is None:
         raise RuntimeError(f"{node.task_name}: built on a Dask worker but not found in the cache {shared.location}")
-    return reply.get(WAITED)
+    return reply
 
 
 def _raise_failure(node, reply):

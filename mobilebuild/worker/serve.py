@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.plan import stages
-from mobilebuild.worker import failures, measure_alone, progress, quiet
+from mobilebuild.worker import failures, measure_alone, peak_rss, progress, quiet
 from mobilebuild.worker.progress import STARTED
 
 # torch.ao.quantization and torch.jit print deprecation notices on every call; they say nothing about the user's
@@ -78,7 +78,8 @@ def handle(request, started=None):
     (worker/failures.py), or a crash's traceback; and what the stage printed, which the build prints as the task's
     output (doit may capture it, e.g. `-r json`). `started()` is called as the stage starts, once no measurement
     holds it back: its time limit runs from then (engine/worker_pool.py). The reply says how long the stage waited
-    for measurements, or its measurement for stages ("waited")."""
+    for measurements, or its measurement for stages ("waited"), and the stage's peak resident memory
+    ("peak_rss_mb", peak_rss.measured's)."""
     printed = io.StringIO()
     request = dict(request)
     measures = request.pop("measures", None)
@@ -89,9 +90,10 @@ def handle(request, started=None):
     with contextlib.redirect_stdout(printed), alongside:
         if started is not None:
             started()
-        reply = _outcome(request)
+        with peak_rss.measured() as memory:
+            reply = _outcome(request)
     sys.stderr.flush()
-    return {**reply, "printed": printed.getvalue(), "waited": measure_alone.take_waited()}
+    return {**reply, **memory, "printed": printed.getvalue(), "waited": measure_alone.take_waited()}
 
 
 def _outcome(request):

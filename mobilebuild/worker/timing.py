@@ -7,7 +7,6 @@ measurement starts: what the runtime, the model and its runs held resident, with
 from once held.
 """
 
-import resource
 import statistics
 import sys
 import time
@@ -15,7 +14,7 @@ import time
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.worker import measure_alone, progress, quiet, runtimes, serve
+from mobilebuild.worker import measure_alone, peak_rss, progress, quiet, runtimes, serve
 from mobilebuild.worker.stages import modeling
 
 
@@ -34,26 +33,10 @@ def measure_into(spec, connection, measure_with=None):
     connection.close()
 
 
-def reset_peak_rss():
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # Linux: the high-water mark becomes the current RSS
-    except OSError:
-        pass
-
-
-def peak_rss_mb():
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration):  # not Linux: the process's maximum, which may include its parent's
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def measure(spec):
     config = spec["config"]
     timing = config.timing
-    reset_peak_rss()
+    peak_rss.reset()
     torch.set_num_threads(timing["threads"])
     example = modeling.example_inputs(config.inputs)  # one example, reused: the recipe's Android advice
     samples = []
@@ -82,7 +65,7 @@ def measure(spec):
         "mean_ms": statistics.fmean(samples),
         "stdev_ms": statistics.stdev(samples) if len(samples) > 1 else 0.0,
         "load_ms": load_ms,
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": peak_rss.mb(),
         "threads": torch.get_num_threads(),
         "waited_for_stages_s": waited,  # how the number was taken: alone, after waiting this long for that
         "alone_s": alone,  # how long it held the host alone: what a build's replay charges a measurement

@@ -26,7 +26,7 @@ import torch
 
 from mobilebuild import store
 from mobilebuild.plan import toolchain
-from mobilebuild.worker import measure_alone, progress, runtimes, timing
+from mobilebuild.worker import measure_alone, peak_rss, progress, runtimes
 from mobilebuild.worker.stages import bench, modeling
 
 GENERATOR = "its runtime's generator, a step at a time from Python"
@@ -35,7 +35,7 @@ GENERATOR = "its runtime's generator, a step at a time from Python"
 def measure(spec):
     config = spec["config"]
     settings = config.timing
-    timing.reset_peak_rss()
+    peak_rss.reset()
     torch.set_num_threads(settings["threads"])
     eager = config.runtime == "eager"
     with measure_alone.measuring_alone(spec["label"], settings["threads"]) as waited, torch.no_grad():
@@ -57,7 +57,7 @@ def measure(spec):
             except (RuntimeError, UnicodeDecodeError) as exc:  # the engine's failure, said; the generator's timing
                 refused = f"{runner.HARNESS} failed: {type(exc).__name__}: {modeling.first_line(exc)}"  # stands
     alone = time.perf_counter() - alone_since
-    return {**found, "load_ms": load_ms, "peak_rss_mb": timing.peak_rss_mb(), "threads": settings["threads"],
+    return {**found, "load_ms": load_ms, "peak_rss_mb": peak_rss.mb(), "threads": settings["threads"],
             "vocab": vocab, "runner_refused": refused, "waited_for_stages_s": waited, "alone_s": alone,
             "isolation": measure_alone.isolation()}
 
