@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 
 from mobilebuild.errors import MobileBuildError
-from mobilebuild.routes.onnx.worker import genai_runtime
+from mobilebuild.routes.onnx.worker import genai_builder, genai_runtime
 from mobilebuild.worker import failures, hub, lm, quiet
 
-BUILDER = "onnxruntime_genai.models.builder"
 INT4_BLOCKS = (16, 32, 64, 128, 256)  # the builder's int4_block_size choices
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: no build time in the bytes
 
@@ -32,7 +31,6 @@ def run(inputs, config, output):
         raise MobileBuildError(f"onnxruntime-genai's builder takes int4 blocks of {', '.join(map(str, INT4_BLOCKS))}; "
                                f"got {config.group_size}", field="generate.group_size")
     model = lm.causal_lm(config.model, inputs["checkpoint"])
-    check_lm_head(model)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
         source, folder = Path(scratch, "transformers"), Path(scratch, "genai")
         with quiet.quiet():  # its "Writing model shards" progress bar
@@ -46,21 +44,6 @@ def run(inputs, config, output):
     genai_runtime.generator(output, config).forward(torch.zeros(1, 2, dtype=torch.long), 0)  # it loads and runs
 
 
-def check_lm_head(model):
-    """One line where the builder would take another linear layer for the LM head: it takes every nn.Linear whose
-    out_features is the vocabulary's size for it (onnxruntime-genai 0.18.0, builders/base.py `has_lm_head`), so a
-    model whose vocabulary is as large as a projection's output (a byte-level vocabulary of 256 beside a hidden size
-    of 256) gets a wrong model: 3 to 7 dB against eager in fp32, measured on such Llamas, 125 dB once the vocabulary
-    differed."""
-    vocab, head = lm.vocab_size(model), model.get_output_embeddings()
-    clash = next((name for name, module in model.named_modules()
-                  if isinstance(module, torch.nn.Linear) and module is not head and module.out_features == vocab), None)
-    if clash:
-        raise MobileBuildError(f"onnxruntime-genai's model builder would take {clash} ({vocab} outputs, the "
-                               "vocabulary's size) for the LM head and build a wrong model: its vocabulary must "
-                               "differ from every projection's size", field="model")
-
-
 def _save_tokenizer(path, folder):
     """The recipe's tokenizer.json as transformers saves a fast tokenizer (tokenizer.json and tokenizer_config.json),
     which the builder copies into the model folder for onnxruntime-genai's tokenizer."""
@@ -71,11 +54,12 @@ def _save_tokenizer(path, folder):
 
 
 def _build(source, folder, config, cache):
-    """The builder's command line, as its README runs it, in a process of its own (its progress bars and prints
-    kept out of the build's output); its failure is the library's: one line, its output in the node's log."""
+    """The builder's command line, as its README runs it (through genai_builder, which finds the LM head by
+    identity), in a process of its own (its progress bars and prints kept out of the build's output); its failure
+    is the library's: one line, its output in the node's log."""
     extra = [f"int4_block_size={config.group_size}"] if config.precision == "int4" else []
-    argv = [sys.executable, "-m", BUILDER, "-i", str(source), "-o", str(folder), "-p", config.precision, "-e", "cpu",
-            "-c", str(cache), *(["--extra_options", *extra] if extra else [])]
+    argv = [sys.executable, "-m", genai_builder.__name__, "-i", str(source), "-o", str(folder),
+            "-p", config.precision, "-e", "cpu", "-c", str(cache), *(["--extra_options", *extra] if extra else [])]
     ran = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
     if ran.returncode != 0:
         last = next((line for line in reversed(ran.stderr.splitlines()) if line.strip()), "no output")
