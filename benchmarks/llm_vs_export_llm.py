@@ -10,14 +10,25 @@ routes/executorch/worker/llm_runner.py), which lm_bench times them by too.
     MOBILEBUILD_EXTRA_RECIPES=examples/llm/pydoc_lm.yaml mobilebuild build examples/llm/pydoc_lm.yaml
     python benchmarks/llm_vs_export_llm.py [SCRATCH_DIR]
 
-export_llm's logits are checked against eager first, so a bad weight mapping cannot pass for a fast artifact.
-Rows take turns, five rounds of each; prints one line per artifact (the medians of its rounds) and the ratio
-ours / export_llm's.
+The same weights are also exported by the peer that turns Hugging Face models into `.pte` files, optimum-executorch
+(`optimum-cli export executorch --recipe xnnpack --use_custom_sdpa --use_custom_kv_cache`, `--qlinear 8da4w` for
+8da4w), and its programs timed by the same LLM runner. optimum-executorch 1.1.0 requires transformers 5.0.0rc1, so
+it runs in an interpreter of its own (SCRATCH_DIR/optimum-executorch: a venv that sees this one's packages, with
+optimum-executorch and the versions it pins installed over them; made on the first run, from PyPI).
+
+Each lowering is timed once, one after another: the build's own stage function (lm_lower.run, which must give the
+build's bytes), export_llm by hand, and optimum-executorch's command line (its interpreter's start included).
+export_llm's and optimum-executorch's logits are checked against eager first, so a bad weight mapping cannot pass
+for a fast artifact. Rows take turns, five rounds of each; prints one line per artifact (the medians of its rounds)
+and the ratios ours / export_llm's and ours / optimum-executorch's.
 """
 
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -32,7 +43,7 @@ from mobilebuild.plan.chain import model_source  # noqa: E402
 from mobilebuild.routes.executorch.worker import export_llm, llm_runner, lm_lower  # noqa: E402
 from mobilebuild.routes.executorch.worker import runtime as et_runtime  # noqa: E402
 from mobilebuild.routes.executorch.worker.setup import ensure_flatc  # noqa: E402
-from mobilebuild.worker import lm  # noqa: E402
+from mobilebuild.worker import lm, metrics  # noqa: E402
 from mobilebuild.worker.stages import lm_bench  # noqa: E402
 
 RECIPE = "examples/llm/pydoc_lm.yaml"
@@ -40,7 +51,12 @@ RECIPE = "examples/llm/pydoc_lm.yaml"
 # generations after WARMUP each time; a row's figure is the median of its rounds'
 ROUNDS, RUNS, WARMUP = 5, 4, 1
 RUNNER = "  the same, LLM runner"
+OPTIMUM = "optimum-executorch, LLM runner"
 OURS = (("fp32", "xnnpack-executorch"), ("8da4w", "xnnpack-executorch-8da4w"))  # the recipe's targets
+# optimum-executorch and what it pins that this venv has in other versions (transformers 5.0.0rc1 pins tokenizers
+# and huggingface-hub below theirs), with what those need that this venv lacks
+OPTIMUM_PACKAGES = ("optimum-executorch==1.1.0", "optimum==2.0.0", "transformers==5.0.0rc1", "tokenizers==0.22.2",
+                    "huggingface-hub>=1.2.1,<2", "accelerate", "httpx", "httpcore", "h11", "anyio", "sniffio")
 
 
 def export_by_hand(model, generate, precision, scratch):
@@ -48,6 +64,37 @@ def export_by_hand(model, generate, precision, scratch):
     LlmConfig the command line builds: routes/executorch/worker/export_llm.py, which the build uses for a plain
     Llama too)."""
     return export_llm.program_bytes(model, precision, generate["max_context"], generate["group_size"], str(scratch))
+
+
+def optimum_python(folder):
+    """optimum-executorch's interpreter: a venv at `folder` that sees this venv's packages (a .pth file) under
+    its own installs of OPTIMUM_PACKAGES, which come first on its path."""
+    python = folder / "bin" / "python"
+    site = folder / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+        (site / "this_venv.pth").write_text(next(p for p in sys.path if p.endswith("site-packages")) + "\n")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                        *OPTIMUM_PACKAGES], check=True)
+    return python
+
+
+def export_by_optimum(model, generate, precision, scratch):
+    """optimum-executorch's program of the same weights: the model saved as a transformers folder, exported by
+    `optimum-cli export executorch` as its README does for XNNPACK (custom SDPA and KV cache)."""
+    folder, out = scratch / "transformers", scratch / f"optimum-{precision}"
+    model.save_pretrained(folder)
+    quantized = ["--qlinear", "8da4w", "--qlinear_group_size", str(generate["group_size"])] if precision == "8da4w" \
+        else []
+    argv = [str(optimum_python(scratch / "optimum-executorch")), "-m", "optimum.commands.optimum_cli", "export",
+            "executorch", "--model", str(folder), "--task", "text-generation", "--recipe", "xnnpack",
+            "--use_custom_sdpa", "--use_custom_kv_cache", "--max_seq_len", str(generate["max_context"]), *quantized,
+            "--output_dir", str(out)]
+    log = scratch / f"optimum-{precision}.log"
+    with open(log, "w") as output:
+        if subprocess.run(argv, stdout=output, stderr=subprocess.STDOUT, env=os.environ).returncode:
+            sys.exit(f"optimum-executorch's export ({precision}) failed: its output is in {log}")
+    return (out / "model.pte").read_bytes()
 
 
 def timed(generator, length, new_tokens, tokenizer):
@@ -76,23 +123,37 @@ def main():
     portable_lib._unsafe_reset_threadpool(1)
     prompt = torch.arange(1, 17).view(1, -1)
     rows = [("eager transformers", "fp32", eager, None)]
+    reference = eager.forward(prompt, 0)[0, -1]
     for precision, ours in OURS:
-        data = export_by_hand(lm.causal_lm(source, out / "checkpoint.pt"), generate, precision, scratch)
-        by_hand = et_runtime.Generator(data)
-        reference = eager.forward(prompt, 0)[0, -1]
-        found = by_hand.forward(prompt, 0)[0, -1]
-        sqnr = 10 * torch.log10(reference.pow(2).mean() / (reference - found).pow(2).mean())
-        print(f"export_llm {precision}: {len(data) / 1e6:.3f} MB, prefill logits SQNR against eager {sqnr:.1f} dB")
-        path = out / f"{loaded.name}-{ours}.pte"
-        mine = path.read_bytes()
-        print(f"mobilebuild {ours} and export_llm {precision}: "
-              + ("byte-identical programs" if mine == data else "different programs"))
         settings = generation.LMExportConfig(model=source, precision=precision, max_context=generate["max_context"],
                                              group_size=generate["group_size"])
+        path, seconds = out / f"{loaded.name}-{ours}.pte", {}
+        mine = path.read_bytes()
+        started = time.perf_counter()  # the build's stage function, in this process: the lowering of the build
+        lm_lower.run({"checkpoint": out / "checkpoint.pt"}, settings, scratch / "ours.pte")
+        seconds["mobilebuild"] = time.perf_counter() - started
+        print(f"mobilebuild {ours}: {len(mine) / 1e6:.3f} MB, its lm_lower stage {seconds['mobilebuild']:.1f} s, "
+              + ("the same bytes as the build's" if (scratch / "ours.pte").read_bytes() == mine else "OTHER BYTES"))
+        started = time.perf_counter()
+        data = export_by_hand(lm.causal_lm(source, out / "checkpoint.pt"), generate, precision, scratch)
+        by_hand, seconds["export_llm"] = et_runtime.Generator(data), time.perf_counter() - started
+        peer, started = scratch / f"optimum-{precision}.pte", time.perf_counter()
+        peer.write_bytes(export_by_optimum(lm.causal_lm(source, out / "checkpoint.pt"), generate, precision, scratch))
+        seconds["optimum-executorch"] = time.perf_counter() - started  # its interpreter's start and imports too
+        for name, program in (("export_llm", data), ("optimum-executorch", peer.read_bytes())):
+            checked = et_runtime.Generator(program)
+            # optimum-executorch's program has the runner's metadata methods but transformers' layout (cache_position
+            # [T] in, every position's logits out): the LLM runner tells by the input's shape, the generator cannot
+            checked.all_positions = name == "optimum-executorch"
+            found = checked.forward(prompt, 0).reshape(-1, len(reference))[-1]
+            print(f"{name} {precision}: {len(program) / 1e6:.3f} MB in {seconds[name]:.1f} s, prefill logits SQNR "
+                  f"against eager {metrics.sqnr_db(reference, found):.1f} dB; mobilebuild {ours} and it: "
+                  + ("byte-identical programs" if mine == program else "different programs"))
         static = lm_lower.program_bytes(lm.causal_lm(source, out / "checkpoint.pt"), settings)
         rows += [(f"mobilebuild {ours}", precision, et_runtime.Generator(mine), len(mine)),
                  (RUNNER, precision, path, len(mine)),
                  ("export_llm by hand", precision, by_hand, len(data)),
+                 (OPTIMUM, precision, peer, peer.stat().st_size),
                  ("transformers static cache", precision, et_runtime.Generator(static), len(static))]
     results = {}
     for length in generate["prompt_lengths"]:
@@ -110,9 +171,12 @@ def main():
             ours = results[(f"mobilebuild {target}", precision, length)]
             theirs = results[("export_llm by hand", precision, length)]
             runner = results[(RUNNER, precision, length)]
+            peer = results[(OPTIMUM, precision, length)]
             print(f"ratio ours/export_llm {precision} prompt {length}: decode tokens/s {ours[1] / theirs[1]:.2f}x, "
                   f"TTFT {theirs[0] / ours[0]:.2f}x (above 1: ours faster); ours through the LLM runner / through "
-                  f"the generator: decode tokens/s {runner[1] / ours[1]:.2f}x, TTFT {ours[0] / runner[0]:.2f}x")
+                  f"the generator: decode tokens/s {runner[1] / ours[1]:.2f}x, TTFT {ours[0] / runner[0]:.2f}x; "
+                  f"ours / optimum-executorch's, both through the LLM runner: decode tokens/s "
+                  f"{runner[1] / peer[1]:.2f}x, TTFT {peer[0] / runner[0]:.2f}x")
 
 
 if __name__ == "__main__":

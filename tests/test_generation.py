@@ -211,6 +211,27 @@ def test_onnxruntime_genais_builder_takes_the_lm_head_and_no_projection_as_large
     assert metrics.sqnr_db(expected, genai_runtime.Generator(packaged, 16).forward(prompt, 0)) > 100
 
 
+@pytest.mark.slow
+def test_onnxruntime_genais_model_folder_is_its_builders_own_where_no_projection_is_as_large_as_the_vocabulary(bpe):
+    """The peer, side by side: the builder's command line as its README runs it makes the same files from the same
+    folder as the stage's run of it (genai_builder changes only which layer is the LM head)."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from mobilebuild.routes.onnx.worker import lm_genai
+
+    source = bpe / "transformers"
+    random_lm({**LLAMA, "vocab_size": BPE_VOCAB}).save_pretrained(source)
+    lm_genai._save_tokenizer(bpe / "recipes" / "tokenizer.json", source)
+    lm_genai._build(source, bpe / "ours", SimpleNamespace(precision="int4", group_size=32), bpe / "cache")
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o",
+                    str(bpe / "builder"), "-p", "int4", "-e", "cpu", "-c", str(bpe / "cache"), "--extra_options",
+                    "int4_block_size=32"], check=True, capture_output=True)
+    ours = {path.name: path.read_bytes() for path in (bpe / "ours").iterdir()}
+    assert ours == {path.name: path.read_bytes() for path in (bpe / "builder").iterdir()} and "model.onnx" in ours
+
+
 def test_a_litert_lm_bundle_needs_the_tokenizer_it_carries(bpe):
     data = lm_recipe(tokenizer="tokenizer.json")
     data["targets"] = [{"backend": "xnnpack", "runtime": "litert-lm", "precision": "int8"}]
