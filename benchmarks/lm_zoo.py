@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import textwrap
 from importlib.metadata import version
 from pathlib import Path
 
@@ -170,25 +171,27 @@ def markdown(rows, run):
     reduced = (f"The first {layers} decoder layers of each ({depths}), widths and vocabularies as published: "
                "two cores do not lower a 1.2 B-parameter model in an evening; a full-depth run is `--layers 0`."
                ) if layers else "Every model at its published depth."
-    out = [HEADING, "", f"""The published configurations of small open language models, random weights (nothing is
-downloaded), each built for every language-model target by `{run['command']}`
-([benchmarks/lm_zoo.py](../benchmarks/lm_zoo.py)) on {run['started'][:10]},
-{run['started'][11:16]}-{run['ended'][11:16]} UTC: one model at a time, cold (`mobilebuild build -n 1`, shared cache
-off), a byte-level BPE tokenizer of
-{TOKENIZER_TOKENS} tokens trained on Python's help texts, held-out text from them, prompts of 16 tokens, 8 new tokens,
-`max_context` 64, one thread; torch {version('torch')}, transformers {version('transformers')}, ExecuTorch
-{version('executorch')}, onnxruntime-genai {version('onnxruntime-genai')}, litert-torch {version('litert-torch')}, on
-a {zoo.machine()}, one-minute load average {min(run['loads']):.1f}-{max(run['loads']):.1f} (read as the run started and
-as each model ended). {reduced}
-
-Build: the seconds of the nodes that make the target's artifact (export, lowering, conversion, packaging) and their
-peak resident memory (the stage's process, or a process it started such as onnxruntime-genai's builder). Random
-weights give an eager perplexity about the vocabulary's size and flat logits: a quantized target's greedy tokens
-then disagree with eager's for any rounding, and its verdict says "untrained reference"; the fp32 targets' SQNR is
-the check that holds. Decode tokens/s and time to first token are the engine's the target ships for (ExecuTorch's
-LLM runner, onnxruntime-genai's loop, LiteRT-LM's engine) where it has one, else its runtime's generator.
-""", "| model | target | size (MB) | build (s) | peak RSS (MB) | verdict | SQNR (dB) | agreement | decode tok/s | "
-        "TTFT (ms) |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    how = (f"The published configurations of small open language models, random weights (nothing is downloaded), each "
+           f"built for every language-model target by `{run['command']}` ([benchmarks/lm_zoo.py]"
+           f"(../benchmarks/lm_zoo.py)) on {run['started'][:10]}, {run['started'][11:16]}-{run['ended'][11:16]} UTC: "
+           "one model at a time, cold (`mobilebuild build -n 1`, shared cache off), a byte-level BPE tokenizer of "
+           f"{TOKENIZER_TOKENS} tokens trained on Python's help texts, held-out text from them, prompts of 16 tokens, "
+           f"8 new tokens, `max_context` 64, one thread; torch {version('torch')}, transformers "
+           f"{version('transformers')}, ExecuTorch {version('executorch')}, onnxruntime-genai "
+           f"{version('onnxruntime-genai')}, litert-torch {version('litert-torch')}, on a {zoo.machine()}, one-minute "
+           f"load average {min(run['loads']):.1f}-{max(run['loads']):.1f} (read as the run started and as each model "
+           f"ended). {reduced}")
+    columns = ("Build: the seconds of the nodes that make the target's artifact (export, lowering, conversion, "
+               "packaging) and their peak resident memory (the stage's process, or a process it started such as "
+               "onnxruntime-genai's builder). Random weights give an eager perplexity about the vocabulary's size and "
+               "flat logits: a quantized target's greedy tokens then disagree with eager's for any rounding, and its "
+               "verdict says \"untrained reference\"; the fp32 targets' SQNR is the check that holds. Decode tokens/s "
+               "and time to first token are the engine's the target ships for (ExecuTorch's LLM runner, "
+               "onnxruntime-genai's loop, LiteRT-LM's engine) where it has one, else its runtime's generator.")
+    out = [HEADING, "", textwrap.fill(how, 116, break_on_hyphens=False), "",
+           textwrap.fill(columns, 116, break_on_hyphens=False), "",
+           "| model | target | size (MB) | build (s) | peak RSS (MB) | verdict | SQNR (dB) | agreement | "
+           "decode tok/s | TTFT (ms) |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     notes = []
     for name, parameters, cells, seconds, noise in rows:
         for target, found in cells.items():
@@ -204,8 +207,8 @@ LLM runner, onnxruntime-genai's loop, LiteRT-LM's engine) where it has one, else
                        f"{_number(found.get('agreement'), 2)} | {_number(found.get('decode'), 0)} | "
                        f"{_number(found.get('ttft_ms'), 2)} |")
     out += ["", "Each model's build, and what its output held beyond mobilebuild's lines:", ""]
-    out += [f"- {name} ({parameters / 1e6:.0f} M parameters built): {seconds / 60:.1f} min; {noise}."
-            for name, parameters, _, seconds, noise in rows]
+    out += [f"- {name} ({parameters / 1e6:.0f} M parameters built, {parameters * 4 / 1e6:.0f} MB in fp32): "
+            f"{seconds / 60:.1f} min; {noise}." for name, parameters, _, seconds, noise in rows]
     if notes:
         out += ["", "Refusals:", "", *(f"{index}. {line}" for index, line in enumerate(notes, 1))]
     return "\n".join(out) + "\n"
