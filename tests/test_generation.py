@@ -11,7 +11,7 @@ import torch
 from test_recipe import problems, write
 
 import mobilebuild.routes  # noqa: F401  (the route families register their stages)
-from mobilebuild.plan import graph, recipe
+from mobilebuild.plan import generation, graph, recipe
 
 LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
          "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 64}
@@ -615,3 +615,23 @@ def test_a_qwen3_recipe_builds_through_export_llm_and_verifies(project):
     assert verified["status"] == "passed" and (verified["metrics"]["sqnr_db"] or 200) > 100, verified
     program = et_runtime.Generator(project.artifact("qwen/qwen-xnnpack-executorch.pte").read_bytes())
     assert export_llm.METADATA_METHOD in program.method_names
+
+
+def test_an_onnx_language_model_over_one_files_two_gigabytes_is_one_line(tmp_path, monkeypatch, tiny_llama):
+    """Protobuf serializes no message over 2 GB: a Llama-3.2-1B of two layers in fp32 crashed the stage with its
+    EncodeError. A smaller limit stands in for protobuf's here."""
+    from mobilebuild.errors import MobileBuildError
+    from mobilebuild.routes.onnx.worker import lm_onnx
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    torch.save(tiny_llama.state_dict(), checkpoint)
+    from mobilebuild.plan.chain import model_source
+
+    source = model_source({"transformers": "AutoModelForCausalLM", "config": LLAMA}, [{"name": "input_ids"}],
+                          generative=True)
+    settings = generation.LMExportConfig(model=source, precision="fp32", max_context=16)
+    monkeypatch.setattr(lm_onnx, "ONE_FILE_LIMIT", 10_000)
+    with pytest.raises(MobileBuildError, match=r"its fp32 ONNX model holds 0\.0\d GB of weights, and one \.onnx file "
+                                               r"holds under 2 GB \(protobuf's limit\)") as caught:
+        lm_onnx.run({"checkpoint": checkpoint}, settings, tmp_path / "model.onnx")
+    assert caught.value.field == "targets" and not (tmp_path / "model.onnx").exists()

@@ -32,6 +32,7 @@ def int4_weights(source, output, config, excluded=()):
 
 
 QUANTIZERS = {"int8": int8_weights, "int4": int4_weights}
+ONE_FILE_LIMIT = 2**31 - 1  # the bytes one .onnx file holds: protobuf serializes no larger message
 SCOPE = "model"  # the causal LM's path inside CacheInOut: the exporter's module paths start with it
 
 
@@ -86,6 +87,19 @@ def run(inputs, config, output):
             exported = os.path.join(scratch, f"{config.precision}.onnx")
         ort_runtime.generator(exported, config).forward(torch.zeros(1, 2, dtype=torch.long), 0)
         # without the source paths torch's node metadata holds, which differ between checkouts
-        data = export.reproducible(onnx.load(exported)).SerializeToString()
+        proto = export.reproducible(onnx.load(exported))
+        check_one_file(proto, config.precision)
+        data = proto.SerializeToString()
     with open(output, "wb") as handle:
         handle.write(data)
+
+
+def check_one_file(proto, precision):
+    """One line where the model cannot be one .onnx file (protobuf's 2 GB; a Llama-3.2-1B of two layers in fp32,
+    its tied embedding stored twice, is 2.6 GB), instead of protobuf's EncodeError as a crash."""
+    weights = sum(len(tensor.raw_data) for tensor in proto.graph.initializer)
+    if weights >= ONE_FILE_LIMIT:
+        raise MobileBuildError(f"its {precision} ONNX model holds {weights / 1e9:.2f} GB of weights, and one .onnx "
+                               "file holds under 2 GB (protobuf's limit): build int4 or int8, or for "
+                               "onnxruntime-genai (runtime: onnxruntime-genai: its model folder keeps the weights in "
+                               "a file of their own)", field="targets")
