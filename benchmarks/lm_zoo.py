@@ -242,13 +242,21 @@ def main():
         "type": int, "default": 2, "help": "build the first N decoder layers of each model (0: all; default 2)"},
         table={"action": "store_true", "help": "write the section from a --keep folder's rows, building nothing"},
         merge={"help": "with --table: comma-separated rows.json files of other runs (of the same --layers), whose "
-                       "rows follow the kept ones"})
+                       "rows follow the kept ones (a model's targets built again replace its cells)"})
     if args.table:
         kept = json.loads((args.keep / "rows.json").read_text())
         rows, run = kept["rows"], kept["run"]
         for path in args.merge.split(",") if args.merge else []:
             other = json.loads(Path(path).read_text())
-            rows += other["rows"]
+            built = {row[0]: row for row in rows}
+            for name, parameters, cells, seconds, noise in other["rows"]:
+                if name in built:  # a model's targets built again (--columns): theirs replace its cells
+                    row = built[name]
+                    row[2].update(cells)
+                    row[3] += seconds
+                    row[4] = f"{row[4]}; again: {noise}"
+                else:
+                    rows.append([name, parameters, cells, seconds, noise])
             run = {**run, "command": f"{run['command']}; {other['run']['command']}", "ended": other["run"]["ended"],
                    "loads": run["loads"] + other["run"]["loads"]}
         write_docs(markdown(rows, run))
