@@ -200,8 +200,9 @@ def markdown(rows, run):
                 out.append(f"| {name} | {target} | | {_number(found.get('build_s'), 0)} | "
                            f"{_number(found.get('peak_rss_mb'), 0)} | refused [{len(notes)}] | | | | |")
                 continue
+            quantized = TARGETS[target].get("precision", "fp32") != "fp32"  # an fp32 failure is its own
             verdict = found["kind"] + (" (untrained reference)" if found["kind"] == "failed" and found.get("untrained")
-                                       else "")
+                                       and quantized else "")
             out.append(f"| {name} | {target} | {_number(found.get('mb'))} | {_number(found.get('build_s'), 0)} | "
                        f"{_number(found.get('peak_rss_mb'), 0)} | {verdict} | {_number(found.get('sqnr_db'))} | "
                        f"{_number(found.get('agreement'), 2)} | {_number(found.get('decode'), 0)} | "
@@ -249,14 +250,14 @@ def main():
         for path in args.merge.split(",") if args.merge else []:
             other = json.loads(Path(path).read_text())
             built = {row[0]: row for row in rows}
-            for name, parameters, cells, seconds, noise in other["rows"]:
-                if name in built:  # a model's targets built again (--columns): theirs replace its cells
-                    row = built[name]
-                    row[2].update(cells)
-                    row[3] += seconds
-                    row[4] = f"{row[4]}; again: {noise}"
+            for row in other["rows"]:
+                if row[0] in built:  # a model's targets built again (--columns): theirs replace its cells
+                    earlier = built[row[0]]
+                    earlier[2].update(row[2])
+                    earlier[3] += row[3]
+                    earlier[4] = f"{earlier[4]}; again: {row[4]}"
                 else:
-                    rows.append([name, parameters, cells, seconds, noise])
+                    rows.append(row)
             run = {**run, "command": f"{run['command']}; {other['run']['command']}", "ended": other["run"]["ended"],
                    "loads": run["loads"] + other["run"]["loads"]}
         write_docs(markdown(rows, run))

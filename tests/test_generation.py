@@ -635,3 +635,13 @@ def test_an_onnx_language_model_over_one_files_two_gigabytes_is_one_line(tmp_pat
                                                r"holds under 2 GB \(protobuf's limit\)") as caught:
         lm_onnx.run({"checkpoint": checkpoint}, settings, tmp_path / "model.onnx")
     assert caught.value.field == "targets" and not (tmp_path / "model.onnx").exists()
+
+
+def test_only_a_quantized_artifacts_failure_is_put_down_to_an_untrained_reference():
+    from mobilebuild.worker.stages import lm_verify
+
+    (line,) = lm_verify.untrained_note(["agreement 0 < 0.25"], True, "int4", 226947, 128256)
+    assert "perplexity (226947) is about its vocabulary's size (128256): an untrained reference" in line
+    assert lm_verify.untrained_note(["sqnr_db -2.2 < 30"], True, "fp32", 226947, 128256) == []
+    assert lm_verify.untrained_note(["agreement 0 < 0.25"], False, "int4", 9.2, 256) == []
+    assert lm_verify.untrained_note([], True, "int4", 226947, 128256) == []
