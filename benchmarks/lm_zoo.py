@@ -133,7 +133,7 @@ def cell(folder, recipe_name, target, times, lines):
     artifact's own nodes), its verdict and the engine's timings."""
     own = {task.split(":")[0]: entry for task, entry in times.items() if task.endswith(f":{recipe_name}-{target}")}
     making = [entry for stage, entry in own.items() if stage not in VERDICT_STAGES]
-    found = {"build_s": sum(entry["ended"] - entry["started"] for entry in making) or None,
+    found = {"build_s": sum(map(_seconds, making)) or None,
              "peak_rss_mb": max((entry.get("peak_rss_mb") or 0 for entry in making), default=None) or None,
              "verify_s": _seconds(own.get("lm_verify")), "bench_s": _seconds(own.get("lm_bench"))}
     artifact = next((path for path in folder.glob(f"{recipe_name}-{target}.*")), None)
