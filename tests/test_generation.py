@@ -197,14 +197,14 @@ def test_onnxruntime_genais_builder_takes_the_lm_head_and_no_projection_as_large
     from types import SimpleNamespace
 
     from mobilebuild.routes.onnx.worker import genai_runtime, lm_genai
-    from mobilebuild.worker import metrics
+    from mobilebuild.worker import archive, metrics
 
     model = random_lm({**LLAMA, "vocab_size": BPE_VOCAB, "intermediate_size": BPE_VOCAB})  # the MLP's projections
     source, folder, packaged = bpe / "transformers", bpe / "genai", bpe / "model.zip"
     model.save_pretrained(source)
     lm_genai._save_tokenizer(bpe / "recipes" / "tokenizer.json", source)
     lm_genai._build(source, folder, SimpleNamespace(precision="fp32", group_size=32), bpe / "cache")
-    lm_genai.write_zip(folder, packaged)
+    archive.write_folder(folder, packaged)
     prompt = torch.arange(1, 9).view(1, -1)
     with torch.no_grad():
         expected = model(prompt).logits
@@ -579,7 +579,7 @@ def test_check_refuses_a_language_model_in_one_line(tmp_path):
 
 def _sha256s(project):
     return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in project.artifact("lm").glob("lm-*") if path.suffix in (".pte", ".onnx")}
+            for path in project.artifact("lm").glob("lm-*") if path.suffix in (".pte", ".zip", ".onnx")}
 
 
 GPT2 = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64}
@@ -603,6 +603,8 @@ def test_a_model_export_llm_does_not_define_takes_the_transformers_export(projec
 def test_a_qwen3_recipe_builds_through_export_llm_and_verifies(project):
     """A transformers Qwen3 config in a recipe: the build takes export_llm's path (its program has the LLM runner's
     metadata methods) and the artifact verifies against transformers."""
+    from types import SimpleNamespace
+
     from mobilebuild.routes.executorch.worker import export_llm
     from mobilebuild.routes.executorch.worker import runtime as et_runtime
 
@@ -613,7 +615,7 @@ def test_a_qwen3_recipe_builds_through_export_llm_and_verifies(project):
     project.doit()
     verified = json.loads(project.artifact("qwen/verify-xnnpack-executorch.json").read_text())
     assert verified["status"] == "passed" and (verified["metrics"]["sqnr_db"] or 200) > 100, verified
-    program = et_runtime.Generator(project.artifact("qwen/qwen-xnnpack-executorch.pte").read_bytes())
+    program = et_runtime.generator(project.artifact("qwen/qwen-xnnpack-executorch.zip"), SimpleNamespace())
     assert export_llm.METADATA_METHOD in program.method_names
 
 

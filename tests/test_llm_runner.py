@@ -79,6 +79,16 @@ def test_on_a_device_it_pushes_the_program_and_tokenizer_and_runs_llama_main_per
     assert run[7:] == ["--seq_len=24", "--temperature=0"]
 
 
+def test_on_a_device_a_program_with_its_weights_apart_gets_them_pushed_and_named_its_data_path(adb, files, tmp_path):
+    weights = tmp_path / "model.ptd"
+    weights.write_bytes(b"not really weights")
+    found = llm_runner.time_on_device(*files, serial=SERIAL, prompts={16: PROMPTS[16]}, new_tokens=8,
+                                      weights_path=weights)
+    assert found["status"] == "ran"
+    assert [call[2:4] for call in adb.calls[2:5]] == [["push", str(path)] for path in (*files, weights)]
+    assert adb.calls[5][-1] == "--data_path=/data/local/tmp/model.ptd"
+
+
 def test_without_a_device_or_its_runner_it_says_why_in_one_line(adb, files):
     found = llm_runner.time_on_device(*files, serial=None, prompts={16: PROMPTS[16]}, new_tokens=8)
     assert found["status"] == "skipped" and "no device selected" in found["reason"]

@@ -185,12 +185,12 @@ class Chain:
         return checked_node(self.recipe, stage, name, settings, inputs, output, packages=self.route.runs_in.packages,
                             **extra)
 
-    def shipped(self, stage, settings, inputs, files=()):
-        """The node that writes the target's shipped artifact."""
+    def shipped(self, stage, settings, inputs, files=(), suffix=None):
+        """The node that writes the target's shipped artifact (named with the route's suffix, or `suffix`)."""
         name = f"{self.recipe.name}-{self.target.id}"
         interpreter = toolchain.interpreter(self.target.toolchain, self.recipe.file, self.root,
                                             f"targets[{self.target.index}].toolchain")
-        return self.node(stage, name, settings, inputs, f"{self.out}/{name}{self.route.suffix}", files=files,
+        return self.node(stage, name, settings, inputs, f"{self.out}/{name}{suffix or self.route.suffix}", files=files,
                          fields=self.fields, interpreter=interpreter,
                          describes={"backend": self.route.backend, "runtime": self.route.runtime,
                                     "target": self.target.id})

@@ -22,6 +22,7 @@ from mobilebuild.plan.routes import (
 )
 from mobilebuild.plan.settings import Fusion, ModelSource
 from mobilebuild.plan.stages import when_set
+from mobilebuild.routes.executorch import lm_package
 from mobilebuild.routes.torchscript import torch_libs
 from mobilebuild.routes.torchscript.plan import TORCH_OBSERVERS, select_device
 
@@ -187,8 +188,11 @@ stages.register(stages.Stage(
                    "mode": "quantize.mode"}))
 
 def lm_lower(chain):
-    return chain.shipped("lm_lower", generation.export_config(chain), {"checkpoint": chain.nodes["checkpoint"]},
-                         files=chain.source_files)
+    """A .pte, or where the LM head stays float the program and its weights apart, zipped (lm_package)."""
+    settings = generation.export_config(chain)
+    apart = lm_package.weights_apart(settings.precision, settings.exclude)
+    return chain.shipped("lm_lower", settings, {"checkpoint": chain.nodes["checkpoint"]}, files=chain.source_files,
+                         suffix=lm_package.SUFFIX if apart else None)
 
 
 # A language model (generate:): transformers' static-cache export, ExecuTorch's own torchao quantization of its

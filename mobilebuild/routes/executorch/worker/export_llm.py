@@ -17,6 +17,7 @@ import os
 
 import torch
 
+from mobilebuild.routes.executorch import lm_package
 from mobilebuild.routes.executorch.worker import torchao_linears
 from mobilebuild.worker import quiet
 
@@ -71,10 +72,18 @@ def params(config):
 
 
 def program_bytes(model, precision, max_context, group_size, scratch, keep_float=()):
+    """write_program's .pte, its weights inside."""
+    with open(write_program(model, precision, max_context, group_size, scratch, keep_float), "rb") as handle:
+        return handle.read()
+
+
+def write_program(model, precision, max_context, group_size, scratch, keep_float=(), weights_apart=False):
     """export_llm (export_llama with an LlmConfig, as its command line builds one) for the model's weights: KV cache
     and custom SDPA on, the prompt's length dynamic, XNNPACK; 8da4w: its torchao quantization in groups. With linear
     layers kept float (`keep_float`, transformers paths), export_llama's own steps for XNNPACK, its model quantized
-    between them by ExecuTorch's torchao transform with those layers passed over (its quantization takes no filter)."""
+    between them by ExecuTorch's torchao transform with those layers passed over (its quantization takes no filter).
+    Writes lm_package's PROGRAM in `scratch` and returns its path; `weights_apart`: every weight in its WEIGHTS
+    beside it (export_llm's foundation_weights_file)."""
     with quiet.native_stderr(dropped=b"I tokenizers:"):  # its tokenizers' registration note, at import
         from executorch.examples.models.llama import export_llama_lib
         from executorch.extension.llm.export.config.llm_config import LlmConfig
@@ -83,12 +92,13 @@ def program_bytes(model, precision, max_context, group_size, scratch, keep_float
     torch.save(meta_state(model), checkpoint)
     with open(settings, "w") as handle:
         json.dump(params(model.config), handle)
-    output = os.path.join(scratch, "export_llm.pte")
+    output = os.path.join(scratch, lm_package.PROGRAM)
     llm = LlmConfig()
     llm.base.checkpoint, llm.base.params = checkpoint, settings
     llm.model.use_kv_cache = llm.model.use_sdpa_with_kv_cache = llm.model.enable_dynamic_shape = True
     llm.export.max_seq_length = llm.export.max_context_length = max_context
     llm.export.output_dir, llm.export.output_name = scratch, output  # a name ending .pte is the path
+    llm.export.foundation_weights_file = lm_package.WEIGHTS if weights_apart else None  # written in output_dir
     llm.backend.xnnpack.enabled = llm.backend.xnnpack.extended_ops = True
     with quiet.quiet():
         if keep_float and PRECISIONS[precision]:
@@ -98,16 +108,18 @@ def program_bytes(model, precision, max_context, group_size, scratch, keep_float
             if PRECISIONS[precision]:
                 llm.quantization.qmode, llm.quantization.group_size = PRECISIONS[precision], group_size
             export_llama_lib.export_llama(llm)
-    with open(output, "rb") as handle:
-        return handle.read()
+    return output
 
 
 def _export_keeping_float(library, llm, precision, group_size, keep_float, output):
     """export_llama's path for XNNPACK (_export_llama: no PT2E quantizers) with the float model quantized by
-    torchao_linears.quantize_linears, the linear layers at `keep_float` (Meta's names) left out."""
+    torchao_linears.quantize_linears, the linear layers at `keep_float` (Meta's names) left out; the weights apart
+    as export_llama tags them for its foundation_weights_file."""
     manager = library._prepare_for_llama_export(llm)
     torchao_linears.quantize_linears(manager.model, precision, group_size, keep_float)
     exported = manager.export()
     exported.run_canonical_optimizations()
+    weights = llm.export.foundation_weights_file
     library._to_edge_and_lower_llama_xnnpack(exported, exported.modelname, [], None, [], None,
-                                             xnnpack_extended_ops=True).save_to_pte(output)
+                                             xnnpack_extended_ops=True,
+                                             gen_tag_fn=(lambda node: weights) if weights else None).save_to_pte(output)

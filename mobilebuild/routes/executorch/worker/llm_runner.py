@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from mobilebuild.routes.executorch.worker import export_llm
+from mobilebuild.routes.executorch.worker import export_llm, pte
 from mobilebuild.worker import device, quiet
 from mobilebuild.worker import tokenizer as recipe_tokenizer
 
@@ -53,18 +53,22 @@ def refusal_for(generator, tokenizer, vocab):
     return refusal(getattr(generator, "method_names", ()), vocab, tokenizer)
 
 
-def host_timings(pte_path, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None, vocab=None):
+def host_timings(artifact, scratch, prompt_lengths, new_tokens, warmup, runs, tokenizer=None, vocab=None):
     """time_on_host with the recipe's tokenizer (else the byte-level one), its runner's copy written in `scratch`
-    (`vocab`: the model's vocabulary's size, see runner_tokenizer)."""
+    (`vocab`: the model's vocabulary's size, see runner_tokenizer), and the artifact's program and weights
+    (unpacked there where lm_lower zipped them)."""
     path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths, vocab)
-    return time_on_host(pte_path, path, prompts, new_tokens, warmup, runs)
+    program, weights = pte.unpacked(artifact, Path(scratch, "program"))
+    return time_on_host(program, path, prompts, new_tokens, warmup, runs, weights)
 
 
-def device_timings(pte_path, scratch, device_settings, prompt_lengths, new_tokens, tokenizer=None, vocab=None):
-    """time_on_device on benchmark.device's device, with the tokenizer host_timings gives the runner."""
+def device_timings(artifact, scratch, device_settings, prompt_lengths, new_tokens, tokenizer=None, vocab=None):
+    """time_on_device on benchmark.device's device, with the tokenizer, program and weights host_timings gives the
+    runner."""
     path, prompts = runner_tokenizer(scratch, tokenizer, prompt_lengths, vocab)
-    return time_on_device(pte_path, path, serial=device_settings["serial"], prompts=prompts,
-                          new_tokens=new_tokens, binary=device_settings["binary"])
+    program, weights = pte.unpacked(artifact, Path(scratch, "program"))
+    return time_on_device(program, path, serial=device_settings["serial"], prompts=prompts,
+                          new_tokens=new_tokens, binary=device_settings["binary"], weights_path=weights)
 
 
 def runner_tokenizer(scratch, tokenizer, prompt_lengths, vocab=None):
@@ -108,7 +112,7 @@ def prompt_text(length):
     return ("the quick brown fox jumps over the lazy dog " * (length // 44 + 1))[:length]
 
 
-def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs):
+def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs, weights_path=None):
     """{length: {ttft_ms, decode_ms_per_token, runs, generated, prompt_tokens, tokens}}: each prompt ({length:
     text}; None where no text has that many tokens: left out) generated greedily by the runner, the first token's
     callback giving the time to first token, the rest the decode steps; `prompt_tokens`: the prompt's length as the
@@ -117,7 +121,7 @@ def time_on_host(pte_path, tokenizer_path, prompts, new_tokens, warmup, runs):
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels, for it too)
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-        runner = TextLLMRunner(str(pte_path), str(tokenizer_path))
+        runner = TextLLMRunner(str(pte_path), str(tokenizer_path), str(weights_path) if weights_path else None)
     token_of = vocabulary(tokenizer_path)
     found = {}
     for length, prompt in prompts.items():
@@ -176,23 +180,26 @@ def parse_observer(text):
 
 
 def time_on_device(pte_path, tokenizer_path, *, serial, prompts, new_tokens, binary=LLAMA_MAIN, adb=None,
-                   timeout=600):
-    """Push the program and its tokenizer and run llama_main once per prompt length, as device.benchmark_on_device
-    runs speed_benchmark_torch: "ran" with the binary's figures, else "skipped" or "failed" with the reason."""
+                   timeout=600, weights_path=None):
+    """Push the program, its weights (`weights_path`, a .ptd, where apart) and its tokenizer and run llama_main once
+    per prompt length, as device.benchmark_on_device runs speed_benchmark_torch: "ran" with the binary's figures,
+    else "skipped" or "failed" with the reason."""
     session = device.adb_session(serial, binary, adb, timeout, build=BUILD_LLAMA_MAIN)
     if session["status"] != "ready":
         return session
     run = session["run"]
-    model, tokenizer = (f"{device.REMOTE_DIR}/{Path(local).name}" for local in (pte_path, tokenizer_path))
+    local = [pte_path, tokenizer_path, *([weights_path] if weights_path else [])]
+    model, tokenizer, *weights = (f"{device.REMOTE_DIR}/{Path(path).name}" for path in local)
     try:
-        run(["push", str(pte_path), model], "adb push", shell=False)
-        run(["push", str(tokenizer_path), tokenizer], "adb push", shell=False)
+        for path, remote in zip(local, (model, tokenizer, *weights), strict=True):
+            run(["push", str(path), remote], "adb push", shell=False)
         figures = {}
         for length, prompt in prompts.items():
             if prompt is None:
                 continue
             argv = [binary, f"--model_path={model}", f"--tokenizer_path={tokenizer}", f"--prompt={prompt}",
-                    f"--seq_len={length + new_tokens}", "--temperature=0"]
+                    f"--seq_len={length + new_tokens}", "--temperature=0",
+                    *(f"--data_path={path}" for path in weights)]
             # adb joins the words after `shell` with spaces for the device's shell, so each is quoted for it
             ran = run([shlex.quote(word) for word in argv], "llama_main")
             try:

@@ -3,11 +3,13 @@ facts) and what the host runtime needs to run it (the backends it calls, each in
 deserialization answers both."""
 
 import json
+import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from mobilebuild.errors import MobileBuildError
+from mobilebuild.routes.executorch import lm_package
 from mobilebuild.routes.executorch.worker.setup import ensure_flatc
 
 
@@ -26,6 +28,7 @@ class Program:
 # A constant method the lower stage adds to a program it made otherwise than the recipe asked (int8 by torchao where
 # PT2E failed): a JSON string, read back here for verify's record and the report.
 RECORD_METHOD = "mobilebuild_record"
+ZIP_MAGIC = b"PK\x03\x04"  # a zip's first bytes; a .pte's are a flatbuffer offset, then "ET12"
 
 
 def read(pte):
@@ -76,3 +79,14 @@ def _delegation(program):
 
 def _operator_name(operator):
     return f"{operator.name}.{operator.overload}" if operator.overload else operator.name
+
+
+def unpacked(path, folder):
+    """(the program's path, its weights' path or None) of lm_lower's artifact: a .pte as it is, or the zip of a
+    program and its weights (routes/executorch/lm_package.py) unpacked into `folder`."""
+    with open(path, "rb") as handle:
+        if handle.read(4) != ZIP_MAGIC:
+            return Path(path), None
+    with zipfile.ZipFile(path) as archive:
+        archive.extractall(folder)
+    return Path(folder, lm_package.PROGRAM), Path(folder, lm_package.WEIGHTS)

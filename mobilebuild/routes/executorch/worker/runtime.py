@@ -12,6 +12,7 @@ setting does not reach it).
 """
 
 import re
+import tempfile
 from pathlib import Path
 
 import torch
@@ -147,13 +148,22 @@ def inspect(path, config):
 class Generator:
     """A language model's program (lm_lower) a step at a time (worker/lm.py), the KV cache kept in the program's
     own buffers between calls. Two layouts: transformers' (input_ids [1, T], cache_position [T]) -> the logits of
-    every position; export_llm's (tokens [1, T], input_pos [1]) -> the last position's."""
+    every position; export_llm's (tokens [1, T], input_pos [1]) -> the last position's. `data`: the .pte's bytes;
+    or with `weights` (the path of its .ptd), the .pte's path: the pybindings' module loads the pair (the
+    `executorch.runtime` loader takes no data file)."""
 
-    def __init__(self, data):
+    def __init__(self, data, weights=None):
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels)
 
-        self.program, self.method = load_method(data)
-        self.method_names = self.program.method_names
+        if weights is None:
+            self.program, method = load_method(data)
+            self.method_names, self._execute = self.program.method_names, method.execute
+        else:
+            from executorch.extension.pybindings import portable_lib
+
+            module = _explained(lambda: portable_lib._load_for_executorch(str(data), str(weights)), "cannot load")
+            self.method_names = set(module.method_names())
+            self._execute = lambda arguments: module.forward(tuple(arguments))
         self.all_positions = export_llm.METADATA_METHOD not in self.method_names
         self.checked = False
 
@@ -162,16 +172,22 @@ class Generator:
                      else torch.tensor([position]))
         arguments = [tokens.contiguous(), positions]
         if self.checked:
-            found = self.method.execute(arguments)[0]
+            found = self._execute(arguments)[0]
         else:
-            found = _explained(lambda: self.method.execute(arguments), "fails")[0]
+            found = _explained(lambda: self._execute(arguments), "fails")[0]
             self.checked = True
         return found if self.all_positions else found.view(1, 1, -1)
 
 
 def generator(path, config):
-    """`path`: a .pte file, or its bytes."""
-    data = Path(path).read_bytes() if isinstance(path, (str, Path)) else path
+    """`path`: lm_lower's artifact (a .pte, or the zip of a program and its weights, unpacked for as long as the
+    generator lives), or a .pte's bytes."""
     with without_cpuinfo_notes():
         _set_threads(config)
-    return Generator(data)
+    if isinstance(path, (bytes, bytearray)):
+        return Generator(path)
+    folder = tempfile.TemporaryDirectory(prefix="mobilebuild-executorch-")
+    program, weights = pte.unpacked(path, folder.name)
+    found = Generator(program.read_bytes()) if weights is None else Generator(program, weights)
+    found.folder = folder  # removed with the generator
+    return found

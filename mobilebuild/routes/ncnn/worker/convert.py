@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 import numpy
@@ -32,11 +31,10 @@ import torch
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.routes.ncnn import plan
 from mobilebuild.routes.ncnn.worker import int8, runtime
-from mobilebuild.worker import capture_root, failures, outputs, progress
+from mobilebuild.worker import archive, capture_root, failures, outputs, progress
 from mobilebuild.worker.stages import calibration, exclusion, fuse, modeling
 
 PARAM, BIN = runtime.PARAM, runtime.BIN
-FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: no build time in the bytes
 # pnnx's input type suffixes (inputshape=[1,3,224,224]f32,[1,16]i64)
 TYPES = {torch.float32: "f32", torch.float16: "f16", torch.float64: "f64", torch.int64: "i64", torch.int32: "i32",
          torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "u8"}
@@ -149,14 +147,9 @@ def check_converted(param, names):
 
 
 def write_zip(files, output, precision):
-    """The files ({name: bytes}) in one zip, sorted, stored, with fixed times and modes: the same files give the same
-    bytes. Its comment names the precision the runtime sets ncnn's fp16 options for (guest.read)."""
-    with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_STORED) as archive:
-        archive.comment = f"{runtime.guest.PRECISION}{precision}".encode()
-        for name in sorted(files):
-            entry = zipfile.ZipInfo(name, date_time=FIXED_TIME)
-            entry.external_attr = 0o644 << 16
-            archive.writestr(entry, files[name])
+    """The files ({name: bytes}) in one zip (worker/archive.py), its comment naming the precision the runtime sets
+    ncnn's fp16 options for (guest.read)."""
+    archive.write_zip(files, output, comment=f"{runtime.guest.PRECISION}{precision}".encode())
 
 
 def converted(model, examples, weights):

@@ -13,17 +13,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 import torch
 
 from mobilebuild.errors import MobileBuildError
 from mobilebuild.routes.onnx.worker import genai_builder, genai_runtime
-from mobilebuild.worker import failures, hub, lm, quiet
+from mobilebuild.worker import archive, failures, hub, lm, quiet
 
 INT4_BLOCKS = (16, 32, 64, 128, 256)  # the builder's int4_block_size choices
-FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # zip's earliest date: no build time in the bytes
 
 
 def run(inputs, config, output):
@@ -40,7 +38,7 @@ def run(inputs, config, output):
         settings = json.loads((folder / "genai_config.json").read_text())
         settings["search"]["max_length"] = config.max_context
         (folder / "genai_config.json").write_text(json.dumps(settings, indent=4, sort_keys=True) + "\n")
-        write_zip(folder, output)
+        archive.write_folder(folder, output)
     genai_runtime.generator(output, config).forward(torch.zeros(1, 2, dtype=torch.long), 0)  # it loads and runs
 
 
@@ -66,12 +64,3 @@ def _build(source, folder, config, cache):
         raise failures.Failed({"raised_by": "onnxruntime-genai's model builder", "part": None,
                                "error": last.strip(), "traceback": f"$ {' '.join(argv)}\n{ran.stdout}\n{ran.stderr}"})
 
-
-def write_zip(folder, output):
-    """The folder's files in one zip, sorted, stored, with fixed times and modes: the same files give the same
-    bytes."""
-    with zipfile.ZipFile(output, "w", compression=zipfile.ZIP_STORED) as archive:
-        for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-            entry = zipfile.ZipInfo(path.relative_to(folder).as_posix(), date_time=FIXED_TIME)
-            entry.external_attr = 0o644 << 16
-            archive.writestr(entry, path.read_bytes())
