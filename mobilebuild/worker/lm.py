@@ -60,10 +60,16 @@ class CacheInOut(torch.nn.Module):
 
     def __init__(self, model, max_context):
         super().__init__()
-        from transformers.cache_utils import StaticCache
+        from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
 
         self.model = model
         self.cache = StaticCache(max_cache_len=max_context, config=model.config.get_text_config())
+        for index, layer in enumerate(self.cache.layers):
+            # as transformers' own ExecuTorch wrapper has them: a sliding-window layer counts its tokens in a Python
+            # int, which an export froze at the example's 0, so that every exported step took its positions (rotary
+            # and mask) from 0 (Gemma 3's ONNX export decoded at -2 dB against eager); the window stays the mask's
+            if type(layer) is StaticSlidingWindowLayer:
+                self.cache.layers[index] = StaticLayer(max_context)
         heads, dim = cache_heads(model)
         self.cache.early_initialization(1, heads, dim, torch.float32, "cpu")
 

@@ -56,6 +56,11 @@ def _build(source, folder, config, cache):
     identity), in a process of its own (its progress bars and prints kept out of the build's output); its failure
     is the library's: one line, its output in the node's log."""
     extra = [f"int4_block_size={config.group_size}"] if config.precision == "int4" else []
+    if "sliding_attention" in (json.loads((source / "config.json").read_text()).get("layer_types") or []):
+        # a windowed cache (the builder's default for sliding layers) makes the runtime refuse any max_length under
+        # the window ("KV cache capacity (32) must be at least local_window_size (512)"): a whole-length cache for
+        # every layer, as lm_onnx's
+        extra.append("windowed_kv_cache=false")
     argv = [sys.executable, "-m", genai_builder.__name__, "-i", str(source), "-o", str(folder),
             "-p", config.precision, "-e", "cpu", "-c", str(cache), *(["--extra_options", *extra] if extra else [])]
     ran = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
