@@ -40,10 +40,11 @@ import mobilebuild.routes  # noqa: E402,F401  (the route families: the recipe's 
 from mobilebuild.plan import generation  # noqa: E402
 from mobilebuild.plan import recipe as recipes  # noqa: E402
 from mobilebuild.plan.chain import model_source  # noqa: E402
-from mobilebuild.routes.executorch.worker import export_llm, llm_runner, lm_lower  # noqa: E402
+from mobilebuild.routes.executorch import lm_package  # noqa: E402
+from mobilebuild.routes.executorch.worker import export_llm, llm_runner, lm_lower, pte  # noqa: E402
 from mobilebuild.routes.executorch.worker import runtime as et_runtime  # noqa: E402
 from mobilebuild.routes.executorch.worker.setup import ensure_flatc  # noqa: E402
-from mobilebuild.worker import lm, metrics  # noqa: E402
+from mobilebuild.worker import archive, lm, metrics  # noqa: E402
 from mobilebuild.worker.stages import lm_bench  # noqa: E402
 
 RECIPE = "examples/llm/pydoc_lm.yaml"
@@ -62,8 +63,18 @@ OPTIMUM_PACKAGES = ("optimum-executorch==1.1.0", "optimum==2.0.0", "transformers
 def export_by_hand(model, generate, precision, scratch):
     """export_llm's own path for the same weights, as a user would run it (the mapping to Meta's names and the
     LlmConfig the command line builds: routes/executorch/worker/export_llm.py, which the build uses for a plain
-    Llama too)."""
-    return export_llm.program_bytes(model, precision, generate["max_context"], generate["group_size"], str(scratch))
+    Llama too), its weights apart where the build keeps them apart (foundation_weights_file), zipped as the build
+    zips them: the path of its .pte or zip."""
+    apart = lm_package.weights_apart(precision, None)
+    folder = scratch / f"by-hand-{precision}"
+    folder.mkdir(exist_ok=True)
+    program = Path(export_llm.write_program(model, precision, generate["max_context"], generate["group_size"],
+                                            str(folder), weights_apart=apart))
+    if not apart:
+        return program
+    archive.write_zip({name: folder / name for name in (lm_package.PROGRAM, lm_package.WEIGHTS)},
+                      scratch / f"by-hand-{precision}.zip")
+    return scratch / f"by-hand-{precision}.zip"
 
 
 def optimum_python(folder):
@@ -99,10 +110,11 @@ def export_by_optimum(model, generate, precision, scratch):
 
 def timed(generator, length, new_tokens, tokenizer):
     """(TTFT ms, decode tokens/s): medians over RUNS after WARMUP; `generator`: a generator (worker/lm.py) or the
-    path of a program for ExecuTorch's LLM runner (with the byte tokenizer's file). One round of a row."""
+    path of an artifact for ExecuTorch's LLM runner (with the byte tokenizer's file). One round of a row."""
     if isinstance(generator, Path):
-        found = llm_runner.time_on_host(generator, tokenizer, {length: llm_runner.prompt_text(length)}, new_tokens,
-                                        WARMUP, RUNS)[str(length)]
+        program, weights = pte.unpacked(generator, generator.parent / f"{generator.stem}-unpacked")
+        found = llm_runner.time_on_host(program, tokenizer, {length: llm_runner.prompt_text(length)}, new_tokens,
+                                        WARMUP, RUNS, weights)[str(length)]
     else:
         found = lm_bench.generator_timings(generator, length, new_tokens, WARMUP, RUNS)
     return found["ttft_ms"], 1e3 / found["decode_ms_per_token"]
@@ -127,32 +139,31 @@ def main():
     for precision, ours in OURS:
         settings = generation.LMExportConfig(model=source, precision=precision, max_context=generate["max_context"],
                                              group_size=generate["group_size"])
-        path, seconds = out / f"{loaded.name}-{ours}.pte", {}
+        suffix = lm_package.SUFFIX if lm_package.weights_apart(precision, None) else ".pte"
+        path, seconds = out / f"{loaded.name}-{ours}{suffix}", {}
         mine = path.read_bytes()
         started = time.perf_counter()  # the build's stage function, in this process: the lowering of the build
-        lm_lower.run({"checkpoint": out / "checkpoint.pt"}, settings, scratch / "ours.pte")
+        lm_lower.run({"checkpoint": out / "checkpoint.pt"}, settings, scratch / f"ours{suffix}")
         seconds["mobilebuild"] = time.perf_counter() - started
         print(f"mobilebuild {ours}: {len(mine) / 1e6:.3f} MB, its lm_lower stage {seconds['mobilebuild']:.1f} s, "
-              + ("the same bytes as the build's" if (scratch / "ours.pte").read_bytes() == mine else "OTHER BYTES"))
+              + ("the same bytes as the build's" if (scratch / f"ours{suffix}").read_bytes() == mine
+                 else "OTHER BYTES"))
         started = time.perf_counter()
-        data = export_by_hand(lm.causal_lm(source, out / "checkpoint.pt"), generate, precision, scratch)
-        by_hand, seconds["export_llm"] = et_runtime.Generator(data), time.perf_counter() - started
+        by_hand = export_by_hand(lm.causal_lm(source, out / "checkpoint.pt"), generate, precision, scratch)
+        seconds["export_llm"] = time.perf_counter() - started
         peer, started = scratch / f"optimum-{precision}.pte", time.perf_counter()
         peer.write_bytes(export_by_optimum(lm.causal_lm(source, out / "checkpoint.pt"), generate, precision, scratch))
         seconds["optimum-executorch"] = time.perf_counter() - started  # its interpreter's start and imports too
-        for name, program in (("export_llm", data), ("optimum-executorch", peer.read_bytes())):
-            checked = et_runtime.Generator(program)
-            # optimum-executorch's program has the runner's metadata methods but transformers' layout (cache_position
-            # [T] in, every position's logits out): the LLM runner tells by the input's shape, the generator cannot
-            checked.all_positions = name == "optimum-executorch"
-            found = checked.forward(prompt, 0).reshape(-1, len(reference))[-1]
-            print(f"{name} {precision}: {len(program) / 1e6:.3f} MB in {seconds[name]:.1f} s, prefill logits SQNR "
-                  f"against eager {metrics.sqnr_db(reference, found):.1f} dB; mobilebuild {ours} and it: "
-                  + ("byte-identical programs" if mine == program else "different programs"))
+        for name, artifact in (("export_llm", by_hand), ("optimum-executorch", peer)):
+            found = et_runtime.generator(artifact, settings).forward(prompt, 0).reshape(-1, len(reference))[-1]
+            print(f"{name} {precision}: {artifact.stat().st_size / 1e6:.3f} MB in {seconds[name]:.1f} s, prefill "
+                  f"logits SQNR against eager {metrics.sqnr_db(reference, found):.1f} dB; mobilebuild {ours} and "
+                  "it: " + ("byte-identical" if mine == artifact.read_bytes() else "different files"))
         static = lm_lower.program_bytes(lm.causal_lm(source, out / "checkpoint.pt"), settings)
-        rows += [(f"mobilebuild {ours}", precision, et_runtime.Generator(mine), len(mine)),
+        rows += [(f"mobilebuild {ours}", precision, et_runtime.generator(path, settings), len(mine)),
                  (RUNNER, precision, path, len(mine)),
-                 ("export_llm by hand", precision, by_hand, len(data)),
+                 ("export_llm by hand", precision, et_runtime.generator(by_hand, settings),
+                  by_hand.stat().st_size),
                  (OPTIMUM, precision, peer, peer.stat().st_size),
                  ("transformers static cache", precision, et_runtime.Generator(static), len(static))]
     results = {}

@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO))
 from mobilebuild.engine import node_times  # noqa: E402
 
 DOCS = REPO / "docs" / "llm.md"
-HEADING = "## The LM zoo"
-BEFORE = "## Not done yet"  # the section goes before this one
+HEADING = "## The LM zoo"  # a run of reduced depth (--layers N); at the published depths, heading(0)
+END_OF = "## What rebuilds"  # the section the LM zoo's follow
 TOKENIZER_TOKENS = 4096  # the BPE's vocabulary (the models' larger ones: ids it never makes, as a new tokenizer's)
 
 # name -> (what it is, its published configuration: the model card's config.json fields that shape the model)
@@ -164,6 +164,11 @@ def _number(value, digits=1):
     return "" if value is None else f"{value:,.{digits}f}"
 
 
+def heading(layers):
+    """The docs section of a run of `layers` (0: the published depths, a section of its own)."""
+    return HEADING if layers else f"{HEADING} at published depth"
+
+
 def markdown(rows, run):
     """The docs section: how the rows were built, the table, every refusal in full."""
     layers = run["layers"]
@@ -188,7 +193,7 @@ def markdown(rows, run):
                "verdict says \"untrained reference\"; the fp32 targets' SQNR is the check that holds. Decode tokens/s "
                "and time to first token are the engine's the target ships for (ExecuTorch's LLM runner, "
                "onnxruntime-genai's loop, LiteRT-LM's engine) where it has one, else its runtime's generator.")
-    out = [HEADING, "", textwrap.fill(how, 116, break_on_hyphens=False), "",
+    out = [heading(layers), "", textwrap.fill(how, 116, break_on_hyphens=False), "",
            textwrap.fill(columns, 116, break_on_hyphens=False), "",
            "| model | target | size (MB) | build (s) | peak RSS (MB) | verdict | SQNR (dB) | agreement | "
            "decode tok/s | TTFT (ms) |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
@@ -227,14 +232,9 @@ def parameters(name, layers):
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def write_docs(section):
-    text = DOCS.read_text()
-    if f"\n{HEADING}\n" in text:
-        start = text.index(f"\n{HEADING}\n") + 1
-        stop = text.find("\n## ", start + 1) + 1 or len(text)
-    else:
-        start = stop = text.index(f"\n{BEFORE}\n") + 1
-    DOCS.write_text(text[:start] + section + "\n" + text[stop:])
+def write_docs(section, layers):
+    """docs/llm.md with the section: the reduced run's after END_OF, the published depths' after it."""
+    zoo.write_section(section, HEADING if not layers else END_OF, DOCS)
 
 
 def main():
@@ -260,7 +260,7 @@ def main():
                     rows.append(row)
             run = {**run, "command": f"{run['command']}; {other['run']['command']}", "ended": other["run"]["ended"],
                    "loads": run["loads"] + other["run"]["loads"]}
-        write_docs(markdown(rows, run))
+        write_docs(markdown(rows, run), run["layers"])
         return
     targets = args.columns.split(",") if args.columns else list(TARGETS)
     if unknown := [target for target in targets if target not in TARGETS]:
@@ -279,7 +279,7 @@ def main():
         run.update(ended=zoo.utc_now(), loads=[*run["loads"], os.getloadavg()[0]])
         (root / "rows.json").write_text(json.dumps({"rows": rows, "run": run}))
         if not args.no_docs:  # after each model: an interrupted run leaves the rows it has
-            write_docs(markdown(rows, run))
+            write_docs(markdown(rows, run), run["layers"])
     if scratch:
         scratch.cleanup()
 

@@ -481,11 +481,11 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
 
 
-def write_section(section, end_of):
-    """docs/zoo.md with `section` (its heading line, then its text) in place of the section of that heading, which
-    runs to the next heading of its level or above; a new one goes at the end of the part under the heading `end_of`
-    (the page's end where there is none). The rest of the page stays byte for byte as it is."""
-    text = DOCS.read_text()
+def write_section(section, end_of, docs=DOCS):
+    """`docs` (docs/zoo.md) with `section` (its heading line, then its text) in place of the section of that heading,
+    which runs to the next heading of its level or above; a new one goes at the end of the part under the heading
+    `end_of` (the page's end where there is none). The rest of the page stays byte for byte as it is."""
+    text = docs.read_text()
     heading = section.split("\n", 1)[0]
 
     def end(start, heading):  # where the part from `start`, under `heading`, ends: its next heading of that level
@@ -499,7 +499,7 @@ def write_section(section, end_of):
         parent = text.find(f"\n{end_of}\n")
         start = stop = end(parent + 1, end_of) if parent >= 0 else len(text)
     after = text[stop:]
-    DOCS.write_text(text[:start].rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n" + ("\n" + after if after else ""))
+    docs.write_text(text[:start].rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n" + ("\n" + after if after else ""))
 
 
 def write_docs(rows, quick, total, note=None):

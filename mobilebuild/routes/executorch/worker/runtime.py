@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from mobilebuild.errors import MobileBuildError, few
-from mobilebuild.routes.executorch.worker import export_llm, pte
 from mobilebuild.routes.executorch.worker import llm_runner as app_runner  # noqa: F401 - lm_bench's runner
+from mobilebuild.routes.executorch.worker import pte
 from mobilebuild.worker.quiet import native_stderr, quiet
 
 CHANNELS_LAST_DIM_ORDER = [0, 2, 3, 1]
@@ -147,24 +147,25 @@ def inspect(path, config):
 
 class Generator:
     """A language model's program (lm_lower) a step at a time (worker/lm.py), the KV cache kept in the program's
-    own buffers between calls. Two layouts: transformers' (input_ids [1, T], cache_position [T]) -> the logits of
-    every position; export_llm's (tokens [1, T], input_pos [1]) -> the last position's. `data`: the .pte's bytes;
-    or with `weights` (the path of its .ptd), the .pte's path: the pybindings' module loads the pair (the
-    `executorch.runtime` loader takes no data file)."""
+    own buffers between calls. Two layouts, told by the rank of forward's output (as the LLM runner tells them by its
+    inputs): transformers' and optimum-executorch's (input_ids [1, T], cache_position [T]) -> the logits of every
+    position [1, T, vocab]; export_llm's (tokens [1, T], input_pos [1]) -> the last position's [1, vocab].
+    `data`: the .pte's bytes; or with `weights` (the path of its .ptd), the .pte's path: the pybindings' module
+    loads the pair (the `executorch.runtime` loader takes no data file)."""
 
     def __init__(self, data, weights=None):
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (export_llm's kernels)
 
         if weights is None:
             self.program, method = load_method(data)
-            self.method_names, self._execute = self.program.method_names, method.execute
+            self.method_names, self._execute, meta = self.program.method_names, method.execute, method.metadata
         else:
             from executorch.extension.pybindings import portable_lib
 
             module = _explained(lambda: portable_lib._load_for_executorch(str(data), str(weights)), "cannot load")
-            self.method_names = set(module.method_names())
+            self.method_names, meta = set(module.method_names()), module.method_meta("forward")
             self._execute = lambda arguments: module.forward(tuple(arguments))
-        self.all_positions = export_llm.METADATA_METHOD not in self.method_names
+        self.all_positions = len(meta.output_tensor_meta(0).sizes()) == 3
         self.checked = False
 
     def forward(self, tokens, position):
