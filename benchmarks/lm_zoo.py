@@ -199,7 +199,7 @@ def markdown(rows, run):
            "decode tok/s | TTFT (ms) |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     notes = []
     for name, parameters, cells, seconds, noise in rows:
-        for target, found in cells.items():
+        for target, found in sorted(cells.items(), key=lambda cell: list(TARGETS).index(cell[0])):
             if found["kind"] == "refused":
                 notes.append(f"{name}, {target}: {found['line']}")
                 out.append(f"| {name} | {target} | | {_number(found.get('build_s'), 0)} | "
