@@ -647,3 +647,26 @@ def test_only_a_quantized_artifacts_failure_is_put_down_to_an_untrained_referenc
     assert lm_verify.untrained_note(["sqnr_db -2.2 < 30"], True, "fp32", 226947, 128256) == []
     assert lm_verify.untrained_note(["agreement 0 < 0.25"], False, "int4", 9.2, 256) == []
     assert lm_verify.untrained_note([], True, "int4", 226947, 128256) == []
+
+
+@pytest.mark.slow
+def test_export_llm_takes_a_float_checkpoint_in_a_folder_that_names_a_quantization(tmp_path):
+    """export_llm's Llama takes a checkpoint whose path holds "8da4w" or "int8" for an already quantized one and
+    swaps its linear layers (those of 256 inputs or a multiple: torchao's default groups): a float checkpoint in the
+    scratch folder of a recipe named so failed to export."""
+    from types import SimpleNamespace
+
+    from mobilebuild.routes.executorch.worker import export_llm
+    from mobilebuild.routes.executorch.worker import runtime as et_runtime
+    from mobilebuild.routes.executorch.worker.setup import ensure_flatc
+    from mobilebuild.worker import metrics
+
+    ensure_flatc()
+    model, scratch = random_lm({**LLAMA, "hidden_size": 256, "intermediate_size": 512}), tmp_path / "lm-8da4w"
+    scratch.mkdir()
+    program = export_llm.write_program(model, "fp32", 32, None, str(scratch))
+    prompt = torch.arange(1, 9).view(1, 8)
+    with torch.no_grad():
+        expected = model(prompt).logits[:, -1]
+    found = et_runtime.generator(open(program, "rb").read(), SimpleNamespace()).forward(prompt, 0)
+    assert metrics.sqnr_db(expected, found.view(1, -1)) > 100

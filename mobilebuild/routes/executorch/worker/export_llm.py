@@ -12,16 +12,23 @@ with a runtime that has ExecuTorch's custom ops kernels (`llama::custom_sdpa`, `
 runner does.
 """
 
+import contextlib
 import json
 import os
+import tempfile
 
 import torch
 
+from mobilebuild.errors import MobileBuildError
 from mobilebuild.routes.executorch import lm_package
 from mobilebuild.routes.executorch.worker import torchao_linears
 from mobilebuild.worker import quiet
 
 PRECISIONS = {"fp32": None, "8da4w": "8da4w"}  # ours -> export_llm's qmode
+# What export_llm's Llama (examples/models/llama/model.py) finds anywhere in a checkpoint's path to take it for an
+# already quantized one, whose linear layers it swaps for quantized ones: a float checkpoint at such a path (a recipe
+# named "llama-8da4w": its scratch folder below the artifacts) failed to export ("Expected: torch.int8")
+PREQUANTIZED = ("int8", "8da4w")
 METADATA_METHOD = "get_max_seq_len"  # a method export_llm's programs have, for the LLM runner
 # The transformers families ExecuTorch's Llama definition builds (as its own qwen2_5 / qwen3 configs set it up):
 # model_type -> its ModelArgs beyond the sizes. Qwen2: biases on q, k and v; Qwen3: RMSNorm on each head's queries
@@ -88,27 +95,43 @@ def write_program(model, precision, max_context, group_size, scratch, keep_float
         from executorch.examples.models.llama import export_llama_lib
         from executorch.extension.llm.export.config.llm_config import LlmConfig
 
-    checkpoint, settings = os.path.join(scratch, "meta.pth"), os.path.join(scratch, "params.json")
-    torch.save(meta_state(model), checkpoint)
-    with open(settings, "w") as handle:
-        json.dump(params(model.config), handle)
     output = os.path.join(scratch, lm_package.PROGRAM)
-    llm = LlmConfig()
-    llm.base.checkpoint, llm.base.params = checkpoint, settings
-    llm.model.use_kv_cache = llm.model.use_sdpa_with_kv_cache = llm.model.enable_dynamic_shape = True
-    llm.export.max_seq_length = llm.export.max_context_length = max_context
-    llm.export.output_dir, llm.export.output_name = scratch, output  # a name ending .pte is the path
-    llm.export.foundation_weights_file = lm_package.WEIGHTS if weights_apart else None  # written in output_dir
-    llm.backend.xnnpack.enabled = llm.backend.xnnpack.extended_ops = True
-    with quiet.quiet():
-        if keep_float and PRECISIONS[precision]:
-            _export_keeping_float(export_llama_lib, llm, precision, group_size, {meta_name(p) for p in keep_float},
-                                  output)
-        else:
-            if PRECISIONS[precision]:
-                llm.quantization.qmode, llm.quantization.group_size = PRECISIONS[precision], group_size
-            export_llama_lib.export_llama(llm)
+    with _checkpoint_folder(scratch) as folder:
+        checkpoint, settings = os.path.join(folder, "meta.pth"), os.path.join(folder, "params.json")
+        torch.save(meta_state(model), checkpoint)
+        with open(settings, "w") as handle:
+            json.dump(params(model.config), handle)
+        llm = LlmConfig()
+        llm.base.checkpoint, llm.base.params = checkpoint, settings
+        llm.model.use_kv_cache = llm.model.use_sdpa_with_kv_cache = llm.model.enable_dynamic_shape = True
+        llm.export.max_seq_length = llm.export.max_context_length = max_context
+        llm.export.output_dir, llm.export.output_name = scratch, output  # a name ending .pte is the path
+        llm.export.foundation_weights_file = lm_package.WEIGHTS if weights_apart else None  # written in output_dir
+        llm.backend.xnnpack.enabled = llm.backend.xnnpack.extended_ops = True
+        with quiet.quiet():
+            if keep_float and PRECISIONS[precision]:
+                _export_keeping_float(export_llama_lib, llm, precision, group_size,
+                                      {meta_name(p) for p in keep_float}, output)
+            else:
+                if PRECISIONS[precision]:
+                    llm.quantization.qmode, llm.quantization.group_size = PRECISIONS[precision], group_size
+                export_llama_lib.export_llama(llm)
     return output
+
+
+@contextlib.contextmanager
+def _checkpoint_folder(scratch):
+    """Where the float checkpoint goes: `scratch`, unless its path names a quantization export_llm's Llama reads
+    from a checkpoint's path (PREQUANTIZED), then a temporary folder of the system's."""
+    if not any(name in os.path.abspath(scratch) for name in PREQUANTIZED):
+        yield scratch
+        return
+    with tempfile.TemporaryDirectory(prefix="mobilebuild-checkpoint-") as folder:
+        if any(name in folder for name in PREQUANTIZED):
+            raise MobileBuildError(f"the temporary folder {folder} names {' or '.join(PREQUANTIZED)}, which "
+                                   "ExecuTorch's export_llm takes for an already quantized checkpoint: set TMPDIR to "
+                                   "another folder")
+        yield folder
 
 
 def _export_keeping_float(library, llm, precision, group_size, keep_float, output):
