@@ -160,6 +160,13 @@ def _seconds(entry):
     return entry and entry["ended"] - entry["started"]
 
 
+def _span(started, ended):
+    """'on 2026-11-29, 22:10-23:20', or across midnight (runs merged) 'from 2026-11-29 22:10 to 2026-11-30 02:45'."""
+    if started[:10] == ended[:10]:
+        return f"on {started[:10]}, {started[11:16]}-{ended[11:16]}"
+    return f"from {started[:10]} {started[11:16]} to {ended[:10]} {ended[11:16]}"
+
+
 def _number(value, digits=1):
     return "" if value is None else f"{value:,.{digits}f}"
 
@@ -178,7 +185,7 @@ def markdown(rows, run):
                ) if layers else "Every model at its published depth."
     how = (f"The published configurations of small open language models, random weights (nothing is downloaded), each "
            f"built for every language-model target by `{run['command']}` ([benchmarks/lm_zoo.py]"
-           f"(../benchmarks/lm_zoo.py)) on {run['started'][:10]}, {run['started'][11:16]}-{run['ended'][11:16]} UTC: "
+           f"(../benchmarks/lm_zoo.py)) {_span(run['started'], run['ended'])} UTC: "
            "one model at a time, cold (`mobilebuild build -n 1`, shared cache off), a byte-level BPE tokenizer of "
            f"{TOKENIZER_TOKENS} tokens trained on Python's help texts, held-out text from them, prompts of 16 tokens, "
            f"8 new tokens, `max_context` 64, one thread; torch {version('torch')}, transformers "

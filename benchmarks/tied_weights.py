@@ -69,7 +69,7 @@ def random_model(config):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=2, help="decoder layers (0: the published 30; default 2)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     ensure_flatc()
     torch.set_num_threads(1)

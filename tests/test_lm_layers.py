@@ -300,8 +300,8 @@ def test_a_build_keeps_the_excluded_layers_float_on_every_route(project):
     assert "lm_head" not in {row["name"] for row in head["layers"]}  # kept float: not ranked
     litert = json.loads(project.artifact("lm/layers-lt-int8.json").read_text())
     assert {row["name"] for row in litert["layers"]} == {"model.embed_tokens", "model.layers.0.self_attn", "lm_head"}
-    # export_llm's program with its output layer float: a float [vocab, hidden] matrix more than int4's
-    assert project.artifact("lm/lm-et-head.pte").stat().st_size > project.artifact("lm/lm-et-8da4w.pte").stat().st_size
+    # export_llm's program and weights (zipped) with its output layer float: a float [vocab, hidden] matrix more
+    assert project.artifact("lm/lm-et-head.zip").stat().st_size > project.artifact("lm/lm-et-8da4w.pte").stat().st_size
     graph_ = onnx.load(project.artifact("lm/lm-onnx-int8.onnx")).graph
     weights = {tensor.name for tensor in graph_.initializer}
     float_matmuls = [node for node in graph_.node if node.op_type == "MatMul" and node.input[1] in weights]
