@@ -39,7 +39,7 @@ MAX_CONTEXT, PROMPT, NEW_TOKENS = 64, 16, 8
 
 
 def artifacts(source, checkpoint, settings, scratch):
-    """{variant: (path, bytes)} of the four files."""
+    """{variant: its file} of the four files."""
     model = lm.causal_lm(source, checkpoint)
     inside = Path(export_llm.write_program(model, "fp32", MAX_CONTEXT, None, str(scratch)))
     inside = inside.rename(scratch / "inside.pte")

@@ -60,11 +60,11 @@ def run(inputs, config, output):
     keep_float = torchao_linears.kept_float(model, config.exclude, config.precision)
     apart = lm_package.weights_apart(config.precision, config.exclude)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
-        program = Path(scratch, lm_package.PROGRAM)
         if export_llm.fits(model, config.precision):
-            export_llm.write_program(model, config.precision, config.max_context, config.group_size, scratch,
-                                     keep_float, weights_apart=apart)
+            program = export_llm.write_program(model, config.precision, config.max_context, config.group_size,
+                                               scratch, keep_float, weights_apart=apart)
         else:
+            program = Path(scratch, lm_package.PROGRAM)
             manager = lowered(model, config, keep_float, weights_apart=apart)
             with quiet.quiet():
                 manager.save(str(program))
