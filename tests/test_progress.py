@@ -34,3 +34,12 @@ def test_outside_a_build_nothing_is_noted(capfd):
         progress.note("lowering to XNNPACK")
     progress.note("writing the ExecuTorch program")
     assert capfd.readouterr().err == "   lower:x: lowering to XNNPACK\n"
+
+
+def test_a_long_call_is_noted_every_period_with_its_seconds(capfd):
+    import time
+
+    with progress.working_on("lm_lower:x"), progress.while_running("lowering", seconds=0.2):
+        time.sleep(0.5)
+    lines = capfd.readouterr().err.splitlines()
+    assert lines[:2] == ["   lm_lower:x: lowering (0 s)", "   lm_lower:x: lowering (0 s)"]

@@ -19,7 +19,7 @@ from mobilebuild.routes.executorch import lm_package
 from mobilebuild.routes.executorch.worker import export_llm, torchao_linears
 from mobilebuild.routes.executorch.worker import runtime as et_runtime
 from mobilebuild.routes.executorch.worker.setup import ensure_flatc, softmax_in_nchw
-from mobilebuild.worker import archive, lm, quiet
+from mobilebuild.worker import archive, lm, progress, quiet
 
 
 def lowered(model, config, keep_float=(), weights_apart=False):
@@ -59,7 +59,8 @@ def run(inputs, config, output):
     model = lm.causal_lm(config.model, inputs["checkpoint"])
     keep_float = torchao_linears.kept_float(model, config.exclude, config.precision)
     apart = lm_package.weights_apart(config.precision, config.exclude)
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch:
+    with (tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as scratch,
+          progress.while_running(f"exporting and lowering to XNNPACK ({config.precision})")):
         if export_llm.fits(model, config.precision):
             program = export_llm.write_program(model, config.precision, config.max_context, config.group_size,
                                                scratch, keep_float, weights_apart=apart)
